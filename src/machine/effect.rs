@@ -1,0 +1,233 @@
+//! Effects are data: the core says what should happen, the executor makes it happen.
+
+use super::state::{AgentBuild, InstallMode, OpRef, Side};
+use super::time::Timestamp;
+use super::validate::UpgradeTarget;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Reasons of the MachineOperation `Completed` condition (domain.md §3.9).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ResultReason {
+    Succeeded,
+    InvalidParameters,
+    ExecutionFailed,
+    DaemonFailed,
+    UnsupportedOperation,
+}
+
+impl ResultReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Succeeded => "Succeeded",
+            Self::InvalidParameters => "InvalidParameters",
+            Self::ExecutionFailed => "ExecutionFailed",
+            Self::DaemonFailed => "DaemonFailed",
+            Self::UnsupportedOperation => "UnsupportedOperation",
+        }
+    }
+
+    /// `Complete` for success, `Failed` otherwise.
+    pub fn phase(self) -> &'static str {
+        match self {
+            Self::Succeeded => "Complete",
+            Self::InvalidParameters
+            | Self::ExecutionFailed
+            | Self::DaemonFailed
+            | Self::UnsupportedOperation => "Failed",
+        }
+    }
+}
+
+/// A terminal operation result. Messages are fixed strings or already-redacted error text.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpResult {
+    pub reason: ResultReason,
+    pub message: String,
+    pub started_at: Timestamp,
+    pub machine_generation: i64,
+}
+
+/// Machine `status.phase` values flexnode writes (decisions.md §1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MachinePhase {
+    Joining,
+    Ready,
+    Rebooting,
+    Provisioning,
+    Failed,
+}
+
+impl MachinePhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Joining => "Joining",
+            Self::Ready => "Ready",
+            Self::Rebooting => "Rebooting",
+            Self::Provisioning => "Provisioning",
+            Self::Failed => "Failed",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "effect", rename_all = "camelCase")]
+pub enum Effect {
+    /// MachineOperation → `InProgress` (never overwrites `startedAt`).
+    ReportProgress {
+        op: OpRef,
+        message: String,
+    },
+    /// Persist the terminal result, then publish it (outbox: re-published, never re-executed).
+    PublishResult {
+        op: OpRef,
+        result: OpResult,
+    },
+    /// Succeeds once the result of `op` has reached the API server.
+    AwaitPublished {
+        op: OpRef,
+    },
+    /// The node's Machine status.
+    ReportMachine {
+        phase: MachinePhase,
+        message: String,
+        observed_generation: Option<i64>,
+    },
+    /// Join: place the running build as the first agent (slots and links, or image selection).
+    InstallAgent {
+        mode: InstallMode,
+        build: AgentBuild,
+    },
+    /// Write the agent's units (dependencies first) and reload systemd.
+    WriteUnits {
+        mode: InstallMode,
+    },
+    /// Enable and start the agent service.
+    StartAgent,
+    /// Fetch, verify and install the candidate; run its `version`.
+    StageAgent {
+        target: UpgradeTarget,
+        candidate: AgentBuild,
+    },
+    /// Remove a staged candidate that will not run.
+    DiscardCandidate {
+        candidate: AgentBuild,
+    },
+    /// Select `to` as the agent (host: `current` link; container: image selection), keeping
+    /// `last_good` as the fallback.
+    SwitchAgent {
+        mode: InstallMode,
+        to: AgentBuild,
+        last_good: AgentBuild,
+    },
+    /// A transient timer restarts the agent unit after `delay_ms` (a direct self-restart
+    /// would kill the caller).
+    ScheduleAgentRestart {
+        delay_ms: u64,
+    },
+    /// Reset the agent unit's failure state and restart it now (recovery path).
+    RestartAgent,
+    /// Build the rootfs of a side for a Kubernetes version.
+    ProvisionMachine {
+        side: Side,
+        kubernetes_version: String,
+    },
+    StartMachine {
+        side: Side,
+    },
+    StopMachine {
+        side: Side,
+    },
+    /// Restart a side; already done if the machine started at or after `not_before`.
+    RestartMachine {
+        side: Side,
+        not_before: Timestamp,
+    },
+    RemoveMachine {
+        side: Side,
+    },
+    /// Stop and remove both sides and the node's runtime files; keeps the agent install.
+    WipeNode,
+    /// Stop, disable and remove the agent's units and links. Stops this daemon.
+    UninstallAgent,
+}
+
+impl Effect {
+    /// Effects that disrupt the node or the agent: never emitted twice for one operation.
+    pub fn is_disruptive(&self) -> bool {
+        match self {
+            Self::SwitchAgent { .. }
+            | Self::ScheduleAgentRestart { .. }
+            | Self::RestartAgent
+            | Self::StopMachine { .. }
+            | Self::RestartMachine { .. }
+            | Self::RemoveMachine { .. }
+            | Self::WipeNode
+            | Self::UninstallAgent => true,
+            Self::ReportProgress { .. }
+            | Self::PublishResult { .. }
+            | Self::AwaitPublished { .. }
+            | Self::ReportMachine { .. }
+            | Self::InstallAgent { .. }
+            | Self::WriteUnits { .. }
+            | Self::StartAgent
+            | Self::StageAgent { .. }
+            | Self::DiscardCandidate { .. }
+            | Self::ProvisionMachine { .. }
+            | Self::StartMachine { .. } => false,
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::ReportProgress { .. } => "ReportProgress",
+            Self::PublishResult { .. } => "PublishResult",
+            Self::AwaitPublished { .. } => "AwaitPublished",
+            Self::ReportMachine { .. } => "ReportMachine",
+            Self::InstallAgent { .. } => "InstallAgent",
+            Self::WriteUnits { .. } => "WriteUnits",
+            Self::StartAgent => "StartAgent",
+            Self::StageAgent { .. } => "StageAgent",
+            Self::DiscardCandidate { .. } => "DiscardCandidate",
+            Self::SwitchAgent { .. } => "SwitchAgent",
+            Self::ScheduleAgentRestart { .. } => "ScheduleAgentRestart",
+            Self::RestartAgent => "RestartAgent",
+            Self::ProvisionMachine { .. } => "ProvisionMachine",
+            Self::StartMachine { .. } => "StartMachine",
+            Self::StopMachine { .. } => "StopMachine",
+            Self::RestartMachine { .. } => "RestartMachine",
+            Self::RemoveMachine { .. } => "RemoveMachine",
+            Self::WipeNode => "WipeNode",
+            Self::UninstallAgent => "UninstallAgent",
+        }
+    }
+}
+
+/// One line for the journal and logs; targets render redacted.
+impl fmt::Display for Effect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())?;
+        match self {
+            Self::ReportProgress { op, .. } | Self::AwaitPublished { op } => write!(f, "({op})"),
+            Self::PublishResult { op, result } => {
+                write!(f, "({op} {})", result.reason.as_str())
+            }
+            Self::ReportMachine { phase, .. } => write!(f, "({})", phase.as_str()),
+            Self::InstallAgent { build, .. } => write!(f, "({build})"),
+            Self::WriteUnits { mode } => write!(f, "({})", mode.as_str()),
+            Self::StageAgent { target, candidate } => write!(f, "({target} -> {candidate})"),
+            Self::DiscardCandidate { candidate } => write!(f, "({candidate})"),
+            Self::SwitchAgent { to, .. } => write!(f, "({to})"),
+            Self::ScheduleAgentRestart { delay_ms } => write!(f, "({delay_ms}ms)"),
+            Self::ProvisionMachine {
+                side,
+                kubernetes_version,
+            } => write!(f, "({} {kubernetes_version})", side.name()),
+            Self::StartMachine { side }
+            | Self::StopMachine { side }
+            | Self::RestartMachine { side, .. }
+            | Self::RemoveMachine { side } => write!(f, "({})", side.name()),
+            Self::StartAgent | Self::RestartAgent | Self::WipeNode | Self::UninstallAgent => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,38 @@
+//! Timeouts and limits as plain data.
+
+/// Seconds each non-resting state may take before its deadline fires.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Policy {
+    pub join_secs: i64,
+    pub reboot_secs: i64,
+    pub stage_secs: i64,
+    pub switch_secs: i64,
+    pub handoff_secs: i64,
+    pub rollback_secs: i64,
+    pub repave_secs: i64,
+    pub reset_secs: i64,
+    /// How long an AgentReset waits for its result to reach the API server.
+    pub publish_secs: i64,
+    /// How many times an AgentReset tries to publish its result before uninstalling anyway.
+    pub publish_attempts: u32,
+    /// Delay of the transient restart timer (`AccuracyUSec=100ms` makes it prompt).
+    pub restart_delay_ms: u64,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            join_secs: 1800,
+            reboot_secs: 600,
+            stage_secs: 900,
+            switch_secs: 120,
+            handoff_secs: 300,
+            rollback_secs: 300,
+            repave_secs: 1800,
+            reset_secs: 600,
+            publish_secs: 120,
+            publish_attempts: 5,
+            restart_delay_ms: 1000,
+        }
+    }
+}

@@ -1,0 +1,382 @@
+//! Node states. Each variant carries the data it needs (operation, target, attempt, deadline),
+//! so a stored state is enough to resume after a crash.
+
+use super::time::Timestamp;
+use super::validate::{Arch, Sha256Hex, UpgradeTarget};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Where the agent itself lives: a binary on the host, or privileged containers of its image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InstallMode {
+    Host,
+    Container,
+}
+
+impl InstallMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Host => "host",
+            Self::Container => "container",
+        }
+    }
+}
+
+/// The blue/green nspawn machines that run the kubelet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Side {
+    Kube1,
+    Kube2,
+}
+
+impl Side {
+    pub fn other(self) -> Self {
+        match self {
+            Self::Kube1 => Self::Kube2,
+            Self::Kube2 => Self::Kube1,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Kube1 => "kube1",
+            Self::Kube2 => "kube2",
+        }
+    }
+}
+
+/// Host-install slots under `/opt/flexnode/lib/`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Slot {
+    Blue,
+    Green,
+}
+
+impl Slot {
+    pub fn other(self) -> Self {
+        match self {
+            Self::Blue => Self::Green,
+            Self::Green => Self::Blue,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Blue => "blue",
+            Self::Green => "green",
+        }
+    }
+}
+
+/// Which agent build runs (or should run): a slot for the host install, an image digest for
+/// the container install. Install mode is thereby a parameter of every upgrade transition.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum AgentBuild {
+    Slot { slot: Slot },
+    Image { digest: Sha256Hex },
+}
+
+impl fmt::Display for AgentBuild {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Slot { slot } => write!(f, "slot {}", slot.name()),
+            Self::Image { digest } => write!(f, "image sha256:{}", digest.short()),
+        }
+    }
+}
+
+/// A MachineOperation's identity: a deleted and recreated object with the same name is new.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct OpRef {
+    pub name: String,
+    pub uid: String,
+}
+
+impl fmt::Display for OpRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.name)
+    }
+}
+
+/// A claimed operation being run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpRun {
+    pub op: OpRef,
+    pub started_at: Timestamp,
+    pub deadline: Timestamp,
+    pub attempt: u32,
+    /// `metadata.generation` of the node's Machine when the operation started (0 = absent).
+    pub machine_generation: i64,
+}
+
+/// The node's goal as applied: the Machine generation is the settings version.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Goal {
+    pub generation: i64,
+    pub kubernetes_version: String,
+}
+
+/// Operation UIDs that already finished here, newest last; a second claim of one is refused
+/// even if the API server shows it again (e.g. a status write was lost).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct FinishedOps(Vec<String>);
+
+impl FinishedOps {
+    const KEEP: usize = 64;
+
+    pub fn contains(&self, uid: &str) -> bool {
+        self.0.iter().any(|u| u == uid)
+    }
+
+    pub fn with(&self, uid: &str) -> Self {
+        let mut v = self.0.clone();
+        if !v.iter().any(|u| u == uid) {
+            v.push(uid.to_string());
+        }
+        let excess = v.len().saturating_sub(Self::KEEP);
+        v.drain(..excess);
+        Self(v)
+    }
+}
+
+/// Everything known about a joined node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub name: String,
+    pub mode: InstallMode,
+    pub arch: Arch,
+    pub active: Side,
+    pub applied: Goal,
+    pub previous: Option<Goal>,
+    pub agent: AgentBuild,
+    pub last_good: Option<AgentBuild>,
+    pub finished: FinishedOps,
+}
+
+impl NodeInfo {
+    pub(crate) fn finishing(&self, uid: &str) -> Self {
+        Self {
+            finished: self.finished.with(uid),
+            ..self.clone()
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JoinPhase {
+    /// Agent files, units and the first nspawn machine.
+    Installing,
+    /// The agent service.
+    Starting,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum UpgradePhase {
+    /// Download or pull, verify, install into the candidate, run its `version`.
+    Staging,
+    /// Point `current` (host) or the image selection (container) at the candidate.
+    Switching,
+    /// Restart scheduled; the successor daemon judges the upgrade.
+    HandingOff,
+    /// Undo the switch. `restart` means the agent unit is being restarted onto the old build
+    /// (recovery path), so the result waits for that daemon.
+    RollingBack {
+        reason: super::effect::ResultReason,
+        message: String,
+        restart: bool,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RepavePhase {
+    /// Build the new side while the old one still runs.
+    Provisioning,
+    /// Stop the old side, start the new one, wait for its kubelet.
+    SwitchingOver,
+    /// The new side failed after the old one stopped: bring the old one back.
+    RollingBack { message: String },
+    /// The new side runs; remove the old one.
+    Retiring,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ResetCause {
+    /// An AgentReset MachineOperation.
+    Operation,
+    /// The deletion taint on the Node plus the Machine gone.
+    DeletionSignal,
+    /// `flexnode reset`.
+    Cli,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ResetPhase {
+    Wiping,
+    /// The operation's result must reach the API server before the daemon goes away.
+    Publishing,
+    Uninstalling,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "camelCase")]
+pub enum NodeState {
+    Unjoined {
+        #[serde(default)]
+        finished: FinishedOps,
+    },
+    Joining {
+        node: NodeInfo,
+        phase: JoinPhase,
+        deadline: Timestamp,
+    },
+    Ready {
+        node: NodeInfo,
+    },
+    Rebooting {
+        node: NodeInfo,
+        run: OpRun,
+    },
+    Upgrading {
+        node: NodeInfo,
+        run: OpRun,
+        target: UpgradeTarget,
+        candidate: AgentBuild,
+        phase: UpgradePhase,
+    },
+    Repaving {
+        node: NodeInfo,
+        goal: Goal,
+        phase: RepavePhase,
+        deadline: Timestamp,
+    },
+    Resetting {
+        node: NodeInfo,
+        run: Option<OpRun>,
+        cause: ResetCause,
+        phase: ResetPhase,
+        deadline: Timestamp,
+    },
+}
+
+impl Default for NodeState {
+    fn default() -> Self {
+        Self::Unjoined {
+            finished: FinishedOps::default(),
+        }
+    }
+}
+
+impl NodeState {
+    /// The phase name users see in `flexnode status`.
+    pub fn phase_name(&self) -> &'static str {
+        match self {
+            Self::Unjoined { .. } => "Unjoined",
+            Self::Joining { .. } => "Joining",
+            Self::Ready { .. } => "Ready",
+            Self::Rebooting { .. } => "Rebooting",
+            Self::Upgrading { .. } => "Upgrading",
+            Self::Repaving { .. } => "Repaving",
+            Self::Resetting { .. } => "Resetting",
+        }
+    }
+
+    /// The sub-phase, for states that have one.
+    pub fn step_name(&self) -> Option<&'static str> {
+        match self {
+            Self::Unjoined { .. } | Self::Ready { .. } | Self::Rebooting { .. } => None,
+            Self::Joining { phase, .. } => Some(match phase {
+                JoinPhase::Installing => "Installing",
+                JoinPhase::Starting => "Starting",
+            }),
+            Self::Upgrading { phase, .. } => Some(match phase {
+                UpgradePhase::Staging => "Staging",
+                UpgradePhase::Switching => "Switching",
+                UpgradePhase::HandingOff => "HandingOff",
+                UpgradePhase::RollingBack { .. } => "RollingBack",
+            }),
+            Self::Repaving { phase, .. } => Some(match phase {
+                RepavePhase::Provisioning => "Provisioning",
+                RepavePhase::SwitchingOver => "SwitchingOver",
+                RepavePhase::RollingBack { .. } => "RollingBack",
+                RepavePhase::Retiring => "Retiring",
+            }),
+            Self::Resetting { phase, .. } => Some(match phase {
+                ResetPhase::Wiping => "Wiping",
+                ResetPhase::Publishing => "Publishing",
+                ResetPhase::Uninstalling => "Uninstalling",
+            }),
+        }
+    }
+
+    pub fn node(&self) -> Option<&NodeInfo> {
+        match self {
+            Self::Unjoined { .. } => None,
+            Self::Joining { node, .. }
+            | Self::Ready { node }
+            | Self::Rebooting { node, .. }
+            | Self::Upgrading { node, .. }
+            | Self::Repaving { node, .. }
+            | Self::Resetting { node, .. } => Some(node),
+        }
+    }
+
+    pub fn run(&self) -> Option<&OpRun> {
+        match self {
+            Self::Unjoined { .. }
+            | Self::Joining { .. }
+            | Self::Ready { .. }
+            | Self::Repaving { .. } => None,
+            Self::Rebooting { run, .. } | Self::Upgrading { run, .. } => Some(run),
+            Self::Resetting { run, .. } => run.as_ref(),
+        }
+    }
+
+    /// Every state that is not at rest has a wall-clock deadline.
+    pub fn deadline(&self) -> Option<Timestamp> {
+        match self {
+            Self::Unjoined { .. } | Self::Ready { .. } => None,
+            Self::Rebooting { run, .. } | Self::Upgrading { run, .. } => Some(run.deadline),
+            Self::Joining { deadline, .. }
+            | Self::Repaving { deadline, .. }
+            | Self::Resetting { deadline, .. } => Some(*deadline),
+        }
+    }
+
+    /// True when the executor must report the outcome of this step's effects
+    /// (`EffectsDone`/`EffectsFailed`). A hand-off instead waits for the successor daemon.
+    pub fn awaits_effects(&self) -> bool {
+        match self {
+            Self::Unjoined { .. } | Self::Ready { .. } => false,
+            Self::Upgrading { phase, .. } => match phase {
+                UpgradePhase::Staging | UpgradePhase::Switching => true,
+                UpgradePhase::HandingOff => false,
+                UpgradePhase::RollingBack { restart, .. } => !restart,
+            },
+            Self::Joining { .. }
+            | Self::Rebooting { .. }
+            | Self::Repaving { .. }
+            | Self::Resetting { .. } => true,
+        }
+    }
+}
+
+impl fmt::Display for NodeState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.phase_name())?;
+        if let Some(step) = self.step_name() {
+            write!(f, "/{step}")?;
+        }
+        if let Some(run) = self.run() {
+            write!(f, " op={}", run.op)?;
+        }
+        if let Some(node) = self.node() {
+            write!(f, " side={} agent={}", node.active.name(), node.agent)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,610 @@
+//! AgentUpgrade parameter validation for both install modes (domain.md §3.4–3.5).
+//!
+//! Every rejection is a fixed string: a URL may carry a SAS token in its query or credentials in
+//! its userinfo, and parser errors echo their input, so no part of the input ever reaches a
+//! message.
+
+use super::state::InstallMode;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+
+pub const PARAM_URL: &str = "downloadURL";
+pub const PARAM_SHA256: &str = "sha256";
+
+/// CPU architectures an agent build exists for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arch {
+    Amd64,
+    Arm64,
+    Unsupported,
+}
+
+impl Arch {
+    /// Maps Rust's `std::env::consts::ARCH` naming onto the release naming.
+    pub fn from_rust(arch: &str) -> Self {
+        match arch {
+            "x86_64" => Self::Amd64,
+            "aarch64" => Self::Arm64,
+            _ => Self::Unsupported,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Amd64 => "amd64",
+            Self::Arm64 => "arm64",
+            Self::Unsupported => "unsupported",
+        }
+    }
+}
+
+/// A lowercase 64-hex SHA-256 value.
+#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Sha256Hex(String);
+
+impl Sha256Hex {
+    /// Accepts an optional `sha256:` prefix and either case; stores lowercase.
+    pub fn parse(raw: &str) -> Option<Self> {
+        let raw = raw.trim();
+        let hex = raw.strip_prefix("sha256:").unwrap_or(raw);
+        (hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+            .then(|| Self(hex.to_ascii_lowercase()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The `sha256:<hex>` form OCI uses.
+    pub fn oci(&self) -> String {
+        format!("sha256:{}", self.0)
+    }
+
+    pub fn short(&self) -> &str {
+        &self.0[..12]
+    }
+}
+
+impl TryFrom<String> for Sha256Hex {
+    type Error = &'static str;
+    fn try_from(value: String) -> Result<Self, Self::Error> {
+        Self::parse(&value).ok_or("not a 64-hex sha256 value")
+    }
+}
+
+impl From<Sha256Hex> for String {
+    fn from(value: Sha256Hex) -> Self {
+        value.0
+    }
+}
+
+impl fmt::Debug for Sha256Hex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "sha256:{}", self.0)
+    }
+}
+
+impl fmt::Display for Sha256Hex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "sha256:{}", self.0)
+    }
+}
+
+/// An http(s) archive URL. It is kept whole for the download, but `Display` and `Debug` drop the
+/// query (which may hold a SAS token), so journal lines and logs never carry it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ArchiveUrl(String);
+
+impl ArchiveUrl {
+    /// The full URL, for the downloader only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    pub fn redacted(&self) -> String {
+        match self.0.split_once('?') {
+            Some((base, _)) => format!("{base}?<redacted>"),
+            None => self.0.clone(),
+        }
+    }
+}
+
+impl fmt::Debug for ArchiveUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+impl fmt::Display for ArchiveUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+/// A fully qualified image repository with an optional tag, never a digest (the digest travels
+/// separately in `sha256`). Validation leaves no room for userinfo, query or fragment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageRef {
+    pub registry: String,
+    pub repository: String,
+    pub tag: Option<String>,
+}
+
+impl ImageRef {
+    /// `registry/repository@sha256:…`, the form a pull by digest uses.
+    pub fn pinned(&self, digest: &Sha256Hex) -> String {
+        format!("{}/{}@{}", self.registry, self.repository, digest.oci())
+    }
+}
+
+impl fmt::Display for ImageRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "oci://{}/{}", self.registry, self.repository)?;
+        match &self.tag {
+            Some(tag) => write!(f, ":{tag}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// What an accepted AgentUpgrade will install.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum UpgradeTarget {
+    Archive { url: ArchiveUrl, sha256: Sha256Hex },
+    Image { image: ImageRef, digest: Sha256Hex },
+}
+
+impl fmt::Display for UpgradeTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Archive { url, sha256 } => write!(f, "{url} ({})", sha256.short()),
+            Self::Image { image, digest } => write!(f, "{image}@{digest}"),
+        }
+    }
+}
+
+/// Why AgentUpgrade parameters were rejected. Each maps to one fixed message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum InvalidParameter {
+    MissingUrl,
+    MissingDigest,
+    MalformedDigest,
+    UnparsableUrl,
+    UnsupportedScheme,
+    MissingHost,
+    UrlHasCredentials,
+    UrlHasFragment,
+    ImageUrlOnHostInstall,
+    ArchiveUrlOnContainerInstall,
+    InvalidImageReference,
+    DigestInImageReference,
+    UnsupportedArchitecture,
+}
+
+impl InvalidParameter {
+    pub fn message(self) -> &'static str {
+        match self {
+            Self::MissingUrl => "missing required parameter downloadURL",
+            Self::MissingDigest => "missing required parameter sha256",
+            Self::MalformedDigest => "parameter sha256 must be 64 hexadecimal characters",
+            Self::UnparsableUrl => "parameter downloadURL is not a valid URL",
+            Self::UnsupportedScheme => "parameter downloadURL must use http or https",
+            Self::MissingHost => "parameter downloadURL must name a host",
+            Self::UrlHasCredentials => "parameter downloadURL must not contain credentials",
+            Self::UrlHasFragment => "parameter downloadURL must not contain a fragment",
+            Self::ImageUrlOnHostInstall => {
+                "parameter downloadURL names an image, but this node runs the host install"
+            }
+            Self::ArchiveUrlOnContainerInstall => {
+                "parameter downloadURL names an archive, but this node runs the container install"
+            }
+            Self::InvalidImageReference => {
+                "parameter downloadURL is not a valid oci:// image reference"
+            }
+            Self::DigestInImageReference => {
+                "parameter downloadURL must not embed a digest; pass it in sha256"
+            }
+            Self::UnsupportedArchitecture => "this node's CPU architecture has no agent build",
+        }
+    }
+}
+
+impl fmt::Display for InvalidParameter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.message())
+    }
+}
+
+/// Validates AgentUpgrade parameters for the node's install mode. The digest is checked first
+/// (the anchor's order since #370), then the URL.
+pub fn validate_upgrade(
+    mode: InstallMode,
+    arch: Arch,
+    params: &BTreeMap<String, String>,
+) -> Result<UpgradeTarget, InvalidParameter> {
+    let url = params
+        .get(PARAM_URL)
+        .map(|u| u.trim())
+        .filter(|u| !u.is_empty());
+    let digest = match params
+        .get(PARAM_SHA256)
+        .map(|d| d.trim())
+        .filter(|d| !d.is_empty())
+    {
+        None => return Err(InvalidParameter::MissingDigest),
+        Some(raw) => Sha256Hex::parse(raw).ok_or(InvalidParameter::MalformedDigest)?,
+    };
+    let url = url.ok_or(InvalidParameter::MissingUrl)?;
+    if arch == Arch::Unsupported {
+        return Err(InvalidParameter::UnsupportedArchitecture);
+    }
+    let is_oci = url
+        .get(..6)
+        .is_some_and(|s| s.eq_ignore_ascii_case("oci://"));
+    match (mode, is_oci) {
+        (InstallMode::Host, true) => Err(InvalidParameter::ImageUrlOnHostInstall),
+        (InstallMode::Host, false) => Ok(UpgradeTarget::Archive {
+            url: parse_archive_url(url)?,
+            sha256: digest,
+        }),
+        (InstallMode::Container, true) => Ok(UpgradeTarget::Image {
+            image: parse_image_ref(&url[6..])?,
+            digest,
+        }),
+        (InstallMode::Container, false) => Err(InvalidParameter::ArchiveUrlOnContainerInstall),
+    }
+}
+
+fn parse_archive_url(raw: &str) -> Result<ArchiveUrl, InvalidParameter> {
+    let parsed = url::Url::parse(raw).map_err(|_| InvalidParameter::UnparsableUrl)?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(InvalidParameter::UnsupportedScheme);
+    }
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err(InvalidParameter::UrlHasCredentials);
+    }
+    if parsed.fragment().is_some() {
+        return Err(InvalidParameter::UrlHasFragment);
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err(InvalidParameter::MissingHost);
+    }
+    Ok(ArchiveUrl(parsed.to_string()))
+}
+
+/// Parses `registry[:port]/path[:tag]` following the distribution reference grammar, and
+/// requires a registry host so the pull never depends on a default registry.
+fn parse_image_ref(raw: &str) -> Result<ImageRef, InvalidParameter> {
+    use InvalidParameter::InvalidImageReference as Bad;
+    if raw.contains("@sha256:") {
+        return Err(InvalidParameter::DigestInImageReference);
+    }
+    if raw.contains(['@', '?', '#', ' ']) || raw.len() > 255 {
+        return Err(Bad);
+    }
+    let (registry, rest) = raw.split_once('/').ok_or(Bad)?;
+    if !(registry.contains(['.', ':']) || registry == "localhost") || !valid_registry(registry) {
+        return Err(Bad);
+    }
+    // A ':' after the last '/' separates the tag.
+    let (repository, tag) = match rest.rsplit_once(':') {
+        Some((repo, tag)) if !tag.contains('/') => (repo, Some(tag)),
+        Some(_) | None => (rest, None),
+    };
+    if repository.is_empty() || !repository.split('/').all(valid_path_component) {
+        return Err(Bad);
+    }
+    if let Some(tag) = tag {
+        let mut chars = tag.chars();
+        let first_ok = chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !first_ok
+            || tag.len() > 128
+            || !chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+        {
+            return Err(Bad);
+        }
+    }
+    Ok(ImageRef {
+        registry: registry.to_string(),
+        repository: repository.to_string(),
+        tag: tag.map(str::to_string),
+    })
+}
+
+fn valid_registry(registry: &str) -> bool {
+    let (host, port) = match registry.rsplit_once(':') {
+        Some((h, p)) => (h, Some(p)),
+        None => (registry, None),
+    };
+    let host_ok = !host.is_empty()
+        && host.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        });
+    let port_ok =
+        port.is_none_or(|p| !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()));
+    host_ok && port_ok
+}
+
+/// `[a-z0-9]+(?:(?:[._]|__|[-]*)[a-z0-9]+)*`
+fn valid_path_component(c: &str) -> bool {
+    let bytes = c.as_bytes();
+    let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    let (Some(&first), Some(&last)) = (bytes.first(), bytes.last()) else {
+        return false;
+    };
+    if !alnum(first) || !alnum(last) {
+        return false;
+    }
+    let mut sep = String::new();
+    for &b in bytes {
+        if alnum(b) {
+            if !matches!(sep.as_str(), "" | "." | "_" | "__") && !sep.bytes().all(|s| s == b'-') {
+                return false;
+            }
+            sep.clear();
+        } else if matches!(b, b'.' | b'_' | b'-') {
+            sep.push(b as char);
+        } else {
+            return false;
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const HEX: &str = "5d41402abc4b2a76b9719d911017c5925d41402abc4b2a76b9719d911017c592";
+
+    fn params(url: Option<&str>, sha: Option<&str>) -> BTreeMap<String, String> {
+        let mut m = BTreeMap::new();
+        if let Some(u) = url {
+            m.insert(PARAM_URL.to_string(), u.to_string());
+        }
+        if let Some(s) = sha {
+            m.insert(PARAM_SHA256.to_string(), s.to_string());
+        }
+        m
+    }
+
+    fn host(url: Option<&str>, sha: Option<&str>) -> Result<UpgradeTarget, InvalidParameter> {
+        validate_upgrade(InstallMode::Host, Arch::Amd64, &params(url, sha))
+    }
+
+    fn container(url: Option<&str>, sha: Option<&str>) -> Result<UpgradeTarget, InvalidParameter> {
+        validate_upgrade(InstallMode::Container, Arch::Amd64, &params(url, sha))
+    }
+
+    #[test]
+    fn host_install_accepts_https_archive_with_digest() {
+        let t = host(
+            Some("https://releases.example.net/flexnode.tar.gz?sig=abc"),
+            Some(HEX),
+        );
+        let Ok(UpgradeTarget::Archive { url, sha256 }) = t else {
+            panic!("expected archive, got {t:?}");
+        };
+        assert_eq!(
+            url.expose(),
+            "https://releases.example.net/flexnode.tar.gz?sig=abc"
+        );
+        assert_eq!(
+            url.to_string(),
+            "https://releases.example.net/flexnode.tar.gz?<redacted>"
+        );
+        assert_eq!(sha256.as_str(), HEX);
+        let upper = format!("sha256:{}", HEX.to_uppercase());
+        assert!(host(Some("http://127.0.0.1:8080/a.tgz"), Some(&upper)).is_ok());
+    }
+
+    #[test]
+    fn host_install_rejections() {
+        use InvalidParameter as E;
+        let u = "https://h.example/a.tgz";
+        let table: &[(Option<&str>, Option<&str>, E)] = &[
+            (Some(u), None, E::MissingDigest),
+            (Some(u), Some("   "), E::MissingDigest),
+            (Some(u), Some("abc"), E::MalformedDigest),
+            (Some(u), Some(&HEX[1..]), E::MalformedDigest),
+            (None, Some(HEX), E::MissingUrl),
+            (Some("  "), Some(HEX), E::MissingUrl),
+            (None, Some("zz"), E::MalformedDigest), // digest reported first
+            (
+                Some("oci://r.example/a:1"),
+                Some(HEX),
+                E::ImageUrlOnHostInstall,
+            ),
+            (
+                Some("ftp://h.example/a.tgz"),
+                Some(HEX),
+                E::UnsupportedScheme,
+            ),
+            (
+                Some("https://user:pw@h.example/a.tgz"),
+                Some(HEX),
+                E::UrlHasCredentials,
+            ),
+            (
+                Some("https://user@h.example/a.tgz"),
+                Some(HEX),
+                E::UrlHasCredentials,
+            ),
+            (
+                Some("https://h.example/a.tgz#frag"),
+                Some(HEX),
+                E::UrlHasFragment,
+            ),
+            (Some("not a url"), Some(HEX), E::UnparsableUrl),
+            (Some("file:///etc/passwd"), Some(HEX), E::UnsupportedScheme),
+        ];
+        for (url, sha, want) in table {
+            assert_eq!(host(*url, *sha), Err(*want), "url={url:?} sha={sha:?}");
+        }
+        let arm = validate_upgrade(
+            InstallMode::Host,
+            Arch::Unsupported,
+            &params(Some(u), Some(HEX)),
+        );
+        assert_eq!(arm, Err(E::UnsupportedArchitecture));
+    }
+
+    #[test]
+    fn container_install_accepts_oci_reference() {
+        let t = container(
+            Some("oci://ghcr.io/azure/aks-flex-node-agent:v0.2.1"),
+            Some(HEX),
+        );
+        let Ok(UpgradeTarget::Image { image, digest }) = t else {
+            panic!("expected image, got {t:?}");
+        };
+        assert_eq!(image.registry, "ghcr.io");
+        assert_eq!(image.repository, "azure/aks-flex-node-agent");
+        assert_eq!(image.tag.as_deref(), Some("v0.2.1"));
+        assert_eq!(
+            image.pinned(&digest),
+            format!("ghcr.io/azure/aks-flex-node-agent@sha256:{HEX}")
+        );
+        assert!(container(Some("oci://127.0.0.1:5000/flexnode"), Some(HEX)).is_ok());
+        assert!(container(Some("oci://localhost:5000/a/b-c/d__e:latest"), Some(HEX)).is_ok());
+    }
+
+    #[test]
+    fn container_install_rejections() {
+        use InvalidParameter as E;
+        let table: &[(Option<&str>, Option<&str>, E)] = &[
+            (Some("oci://r.example/a"), None, E::MissingDigest),
+            (
+                Some(&format!("oci://r.example/a@sha256:{HEX}")),
+                Some(HEX),
+                E::DigestInImageReference,
+            ),
+            (
+                Some("https://h.example/a.tgz"),
+                Some(HEX),
+                E::ArchiveUrlOnContainerInstall,
+            ),
+            (
+                Some("oci://flexnode:v1"),
+                Some(HEX),
+                E::InvalidImageReference,
+            ),
+            (
+                Some("oci://library/flexnode"),
+                Some(HEX),
+                E::InvalidImageReference,
+            ),
+            (
+                Some("oci://r.example/UPPER"),
+                Some(HEX),
+                E::InvalidImageReference,
+            ),
+            (
+                Some("oci://user:pw@r.example/a"),
+                Some(HEX),
+                E::InvalidImageReference,
+            ),
+            (
+                Some("oci://r.example/a?token=x"),
+                Some(HEX),
+                E::InvalidImageReference,
+            ),
+            (
+                Some("oci://r.example/a#f"),
+                Some(HEX),
+                E::InvalidImageReference,
+            ),
+            (
+                Some("oci://r.example/"),
+                Some(HEX),
+                E::InvalidImageReference,
+            ),
+            (
+                Some("oci://r.example/a:"),
+                Some(HEX),
+                E::InvalidImageReference,
+            ),
+            (
+                Some("oci://r.example/a:-bad"),
+                Some(HEX),
+                E::InvalidImageReference,
+            ),
+            (
+                Some("oci://r.example/a--b..c"),
+                Some(HEX),
+                E::InvalidImageReference,
+            ),
+        ];
+        for (url, sha, want) in table {
+            assert_eq!(container(*url, *sha), Err(*want), "url={url:?}");
+        }
+    }
+
+    fn secret() -> impl Strategy<Value = String> {
+        "[A-Za-z0-9]{12,24}".prop_map(|s| format!("SECRET{s}"))
+    }
+
+    proptest! {
+        /// Whatever the URL carries in userinfo, query or fragment, neither the result's
+        /// message nor any rendering of an accepted target contains it.
+        #[test]
+        fn no_message_contains_a_url_secret(
+            secret in secret(),
+            place in 0usize..6,
+            scheme in prop::sample::select(vec!["https", "http", "oci", "ftp", "HTTPS"]),
+            container_mode in any::<bool>(),
+            digest_ok in any::<bool>(),
+        ) {
+            let url = match place {
+                0 => format!("{scheme}://{secret}@host.example/a.tgz"),
+                1 => format!("{scheme}://user:{secret}@host.example/a.tgz"),
+                2 => format!("{scheme}://host.example/a.tgz?sig={secret}"),
+                3 => format!("{scheme}://host.example/a.tgz#{secret}"),
+                4 => format!("{scheme}://host.example/repo/{secret}x?{secret}"),
+                _ => format!("{scheme}://host.example:5000/a/b:tag?t={secret}&u=1"),
+            };
+            let sha = if digest_ok { HEX.to_string() } else { format!("{secret}zz") };
+            let mode = if container_mode { InstallMode::Container } else { InstallMode::Host };
+            match validate_upgrade(mode, Arch::Amd64, &params(Some(&url), Some(&sha))) {
+                Err(e) => {
+                    prop_assert!(!e.message().contains(&secret));
+                    prop_assert!(!format!("{e:?} {e}").contains(&secret));
+                }
+                Ok(target) => {
+                    // A query is allowed for archives (SAS), but never rendered.
+                    let shown = format!("{target} {target:?}");
+                    if place == 2 || place == 5 {
+                        prop_assert!(!shown.contains(&secret), "{}", shown);
+                    }
+                    prop_assert!(place != 0 && place != 1 && place != 3);
+                }
+            }
+        }
+
+        #[test]
+        fn digest_parser_never_panics_and_round_trips(raw in ".{0,80}") {
+            if let Some(d) = Sha256Hex::parse(&raw) {
+                prop_assert_eq!(Sha256Hex::parse(&d.oci()), Some(d.clone()));
+                prop_assert_eq!(d.as_str().len(), 64);
+            }
+        }
+
+        #[test]
+        fn image_parser_never_panics(raw in "oci://[a-z0-9:./@?#_-]{0,60}") {
+            let _ = container(Some(&raw), Some(HEX));
+        }
+    }
+}
