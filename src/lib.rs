@@ -1,2 +1,10 @@
 //! flexnode: a node agent that joins a Linux host to Kubernetes and runs its lifecycle.
+//!
+//! `machine` is the pure core; `store` its durable memory; `effects` the traits over the host
+//! and API server (with a simulated host); `exec` drives the core through them.
+pub mod effects;
+pub mod exec;
 pub mod machine;
+pub mod simlab;
+pub mod store;
+pub mod units;

@@ -5,7 +5,9 @@ use std::fmt;
 
 /// Milliseconds since the Unix epoch (UTC). Monotonic clocks reset at boot, so the core never
 /// sees them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 #[serde(transparent)]
 pub struct Timestamp(pub i64);
 

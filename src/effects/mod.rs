@@ -1,0 +1,169 @@
+//! Narrow traits over what the agent does to the host and the API server. The executor is
+//! generic over them: production code gets systemd (D-Bus), containerd (gRPC) and the
+//! Kubernetes API; tests get the simulated host. Implementations are idempotent: the executor
+//! may call a method again after a crash, and it must then only finish what is missing.
+
+pub mod sim;
+
+use crate::machine::Timestamp;
+use crate::machine::effect::{MachinePhase, OpResult};
+use crate::machine::state::{AgentBuild, InstallMode, OpRef, Side};
+use crate::machine::validate::{ArchiveUrl, Sha256Hex};
+use std::future::Future;
+
+/// An effect that did not happen. Messages never contain secrets: implementations build them
+/// from redacted values only.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EffectError {
+    #[error("{0}")]
+    Failed(String),
+    /// The process died here (simulation only): nothing after this point ran or was recorded.
+    #[error("simulated crash")]
+    Crashed,
+}
+
+pub type EffectResult<T = ()> = Result<T, EffectError>;
+
+pub const AGENT_UNIT: &str = "flexnode-agent.service";
+pub const RECOVERY_UNIT: &str = "flexnode-agent-recovery.service";
+pub const BOOTSTRAP_UNIT: &str = "flexnode-bootstrap.service";
+pub const RESET_UNIT: &str = "flexnode-reset.service";
+
+/// `systemd-nspawn@<side>.service`, the unit that runs a kubelet machine.
+pub fn machine_unit(side: Side) -> String {
+    format!("systemd-nspawn@{}.service", side.name())
+}
+
+/// What systemd and machined say about an nspawn machine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MachineStatus {
+    pub running: bool,
+    /// When the machine last started (wall clock).
+    pub started_at: Option<Timestamp>,
+}
+
+/// systemd over D-Bus (manager, login1, machine1).
+pub trait Systemd: Send + Sync {
+    /// Writes a unit file atomically.
+    fn write_unit(&self, name: &str, contents: &str) -> impl Future<Output = EffectResult> + Send;
+    /// Removes a unit file; absent is fine.
+    fn remove_unit(&self, name: &str) -> impl Future<Output = EffectResult> + Send;
+    fn daemon_reload(&self) -> impl Future<Output = EffectResult> + Send;
+    fn enable(&self, unit: &str) -> impl Future<Output = EffectResult> + Send;
+    fn disable(&self, unit: &str) -> impl Future<Output = EffectResult> + Send;
+    /// Starts a unit and waits for its job to finish.
+    fn start(&self, unit: &str) -> impl Future<Output = EffectResult> + Send;
+    fn stop(&self, unit: &str) -> impl Future<Output = EffectResult> + Send;
+    fn restart(&self, unit: &str) -> impl Future<Output = EffectResult> + Send;
+    fn reset_failed(&self, unit: &str) -> impl Future<Output = EffectResult> + Send;
+    /// A transient timer that restarts `unit` after `delay_ms`.
+    fn schedule_restart(
+        &self,
+        unit: &str,
+        delay_ms: u64,
+    ) -> impl Future<Output = EffectResult> + Send;
+    fn machine_status(
+        &self,
+        side: Side,
+    ) -> impl Future<Output = EffectResult<MachineStatus>> + Send;
+    /// When the unit last became active, or `None` while it is not active.
+    fn active_since(
+        &self,
+        unit: &str,
+    ) -> impl Future<Output = EffectResult<Option<Timestamp>>> + Send;
+}
+
+/// containerd over gRPC.
+pub trait Containerd: Send + Sync {
+    /// Pulls `reference` (pinned by digest), verifying every blob, under a lease.
+    fn pull(
+        &self,
+        reference: &str,
+        digest: &Sha256Hex,
+    ) -> impl Future<Output = EffectResult> + Send;
+    fn image_present(&self, digest: &Sha256Hex) -> impl Future<Output = EffectResult<bool>> + Send;
+    /// Removes an image the agent pulled; others are never touched.
+    fn remove_agent_image(&self, digest: &Sha256Hex) -> impl Future<Output = EffectResult> + Send;
+}
+
+/// Files and processes on the host: the agent install, nspawn rootfs, runtime files.
+pub trait Host: Send + Sync {
+    /// Places the running build as the first agent.
+    fn install_agent(
+        &self,
+        mode: InstallMode,
+        build: &AgentBuild,
+    ) -> impl Future<Output = EffectResult> + Send;
+    /// Downloads an archive with size caps while hashing, checks the digest, installs the
+    /// single member into `build`'s slot.
+    fn stage_archive(
+        &self,
+        url: &ArchiveUrl,
+        sha256: &Sha256Hex,
+        build: &AgentBuild,
+    ) -> impl Future<Output = EffectResult> + Send;
+    /// Runs the candidate's `version`; returns what it printed.
+    fn check_candidate(
+        &self,
+        build: &AgentBuild,
+    ) -> impl Future<Output = EffectResult<String>> + Send;
+    fn discard_candidate(&self, build: &AgentBuild) -> impl Future<Output = EffectResult> + Send;
+    /// The build selected to run (host: `current` link; container: image selection).
+    fn selected_agent(
+        &self,
+        mode: InstallMode,
+    ) -> impl Future<Output = EffectResult<Option<AgentBuild>>> + Send;
+    /// Atomically selects `to`, keeping `last_good` as the fallback.
+    fn select_agent(
+        &self,
+        mode: InstallMode,
+        to: &AgentBuild,
+        last_good: &AgentBuild,
+    ) -> impl Future<Output = EffectResult> + Send;
+    /// Removes the agent's links (the installed builds stay for a re-join).
+    fn remove_agent_links(&self) -> impl Future<Output = EffectResult> + Send;
+    /// The Kubernetes version a side's rootfs was provisioned for, if any.
+    fn machine_rootfs(
+        &self,
+        side: Side,
+    ) -> impl Future<Output = EffectResult<Option<String>>> + Send;
+    fn provision_machine(
+        &self,
+        side: Side,
+        kubernetes_version: &str,
+    ) -> impl Future<Output = EffectResult> + Send;
+    fn remove_machine(&self, side: Side) -> impl Future<Output = EffectResult> + Send;
+    fn runtime_present(&self) -> impl Future<Output = EffectResult<bool>> + Send;
+    /// Removes the node's runtime files (config, credentials, image selection).
+    fn wipe_runtime(&self) -> impl Future<Output = EffectResult> + Send;
+}
+
+/// The API server: MachineOperation and Machine status.
+pub trait Publisher: Send + Sync {
+    fn report_progress(
+        &self,
+        op: &OpRef,
+        message: &str,
+    ) -> impl Future<Output = EffectResult> + Send;
+    fn publish_result(
+        &self,
+        op: &OpRef,
+        result: &OpResult,
+        completed_at: Timestamp,
+    ) -> impl Future<Output = EffectResult> + Send;
+    fn report_machine(
+        &self,
+        phase: MachinePhase,
+        message: &str,
+        observed_generation: Option<i64>,
+    ) -> impl Future<Output = EffectResult> + Send;
+}
+
+/// Everything the executor drives, by type (no dynamic dispatch).
+#[derive(Debug)]
+pub struct Effects<S, C, H, P> {
+    pub systemd: S,
+    pub containerd: C,
+    pub host: H,
+    pub publisher: P,
+}

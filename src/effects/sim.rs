@@ -1,0 +1,579 @@
+//! A simulated host: units, images, nspawn machines, agent slots and the API server, in
+//! memory. It is a model of the host, not a call recorder, so the real core, store and
+//! executor run end to end against it, with scripted failures and crashes.
+
+use super::{
+    Containerd, EffectError, EffectResult, Host, MachineStatus, Publisher, Systemd, machine_unit,
+};
+use crate::machine::Timestamp;
+use crate::machine::effect::{MachinePhase, OpResult};
+use crate::machine::state::{AgentBuild, InstallMode, OpRef, Side, Slot};
+use crate::machine::validate::{ArchiveUrl, Sha256Hex};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// A build the artifact server or registry offers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Build {
+    pub version: String,
+    /// The daemon of this build crashes at start (the `version` check still passes).
+    pub crashes: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SimUnit {
+    pub contents: String,
+    pub enabled: bool,
+    pub active: bool,
+    pub active_since: Option<Timestamp>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SimMachine {
+    pub kubernetes_version: Option<String>,
+    pub running: bool,
+    pub started_at: Option<Timestamp>,
+    /// Starting this machine fails (its kubelet never gets ready).
+    pub broken: bool,
+}
+
+/// A status write seen by the simulated API server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ApiWrite {
+    Progress {
+        op: OpRef,
+        message: String,
+    },
+    Result {
+        op: OpRef,
+        result: OpResult,
+    },
+    Machine {
+        phase: MachinePhase,
+        message: String,
+        observed_generation: Option<i64>,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultKind {
+    /// The call fails with a message.
+    Fail,
+    /// The process dies before the call does anything.
+    CrashBefore,
+    /// The process dies right after the call took effect.
+    CrashAfter,
+}
+
+/// Fires once, at the `nth` (0-based) call of the named method from now on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fault {
+    pub call: &'static str,
+    pub kind: FaultKind,
+    pub nth: u32,
+}
+
+#[derive(Debug, Default)]
+pub struct World {
+    pub now: Timestamp,
+    pub units: BTreeMap<String, SimUnit>,
+    pub reloads: u32,
+    pub machines: BTreeMap<Side, SimMachine>,
+    /// Host install: what each slot holds.
+    pub slots: BTreeMap<Slot, Build>,
+    /// Container install: images the agent pulled, by digest.
+    pub images: BTreeMap<String, Build>,
+    pub current: Option<AgentBuild>,
+    pub last_good: Option<AgentBuild>,
+    pub runtime_files: bool,
+    /// What the artifact server serves: URL → (sha256, build).
+    pub artifacts: BTreeMap<String, (String, Build)>,
+    /// What the registry serves: digest → build.
+    pub registry: BTreeMap<String, Build>,
+    pub restart_timers: Vec<u64>,
+    pub agent_restarts: u32,
+    pub api: Vec<ApiWrite>,
+    pub api_down: bool,
+    pub faults: Vec<Fault>,
+    /// Every call, in order, for assertions on what happened.
+    pub calls: Vec<String>,
+}
+
+type TimeSource = Arc<dyn Fn() -> Timestamp + Send + Sync>;
+
+#[derive(Clone, Default)]
+pub struct SimHost {
+    world: Arc<Mutex<World>>,
+    time: Option<TimeSource>,
+}
+
+impl std::fmt::Debug for SimHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimHost").finish_non_exhaustive()
+    }
+}
+
+impl SimHost {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn world(&self) -> MutexGuard<'_, World> {
+        let mut w = self.world.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(time) = &self.time {
+            w.now = time();
+        }
+        w
+    }
+
+    /// Host time follows this source (the simulation clock) instead of `World::now`.
+    pub fn set_time_source(&mut self, time: impl Fn() -> Timestamp + Send + Sync + 'static) {
+        self.time = Some(Arc::new(time));
+    }
+
+    pub fn serve_artifact(&self, url: &str, sha256: &str, build: Build) {
+        self.world()
+            .artifacts
+            .insert(url.to_string(), (sha256.to_string(), build));
+    }
+
+    pub fn serve_image(&self, digest: &str, build: Build) {
+        self.world().registry.insert(digest.to_string(), build);
+    }
+
+    pub fn inject(&self, call: &'static str, kind: FaultKind, nth: u32) {
+        self.world().faults.push(Fault { call, kind, nth });
+    }
+
+    /// systemd (re)started the agent unit (a new agent process).
+    pub fn agent_started(&self) {
+        let mut w = self.world();
+        let now = w.now;
+        if let Some(u) = w.units.get_mut(super::AGENT_UNIT) {
+            u.active = true;
+            u.active_since = Some(now);
+        }
+    }
+
+    /// The build of the selected agent, as the agent unit would start it.
+    pub fn selected_build(&self) -> Option<(AgentBuild, Build)> {
+        let w = self.world();
+        let current = w.current.clone()?;
+        let build = w.build_of(&current)?;
+        Some((current, build))
+    }
+
+    pub fn results(&self) -> Vec<(OpRef, OpResult)> {
+        self.world()
+            .api
+            .iter()
+            .filter_map(|w| match w {
+                ApiWrite::Result { op, result } => Some((op.clone(), result.clone())),
+                ApiWrite::Progress { .. } | ApiWrite::Machine { .. } => None,
+            })
+            .collect()
+    }
+
+    /// Records the call and applies a scripted fault, if one is due.
+    fn enter(&self, call: &'static str, detail: &str) -> Result<Option<FaultKind>, EffectError> {
+        let mut w = self.world();
+        let mut fired = None;
+        for f in w.faults.iter_mut().filter(|f| f.call == call) {
+            if f.nth == 0 {
+                fired = Some(f.kind);
+                f.nth = u32::MAX;
+                break;
+            }
+            f.nth = f.nth.saturating_sub(1);
+        }
+        w.faults.retain(|f| f.nth != u32::MAX);
+        // A call the process died before making never reached the host.
+        if fired != Some(FaultKind::CrashBefore) {
+            w.calls.push(format!("{call}({detail})"));
+        }
+        match fired {
+            Some(FaultKind::Fail) => Err(EffectError::Failed(format!("{call} failed (injected)"))),
+            Some(FaultKind::CrashBefore) => Err(EffectError::Crashed),
+            Some(FaultKind::CrashAfter) => Ok(Some(FaultKind::CrashAfter)),
+            None => Ok(None),
+        }
+    }
+
+    /// A read: a crash "after" it is a crash all the same.
+    fn read(&self, call: &'static str, detail: &str) -> EffectResult {
+        match self.enter(call, detail)? {
+            Some(FaultKind::CrashAfter) => Err(EffectError::Crashed),
+            Some(FaultKind::Fail | FaultKind::CrashBefore) | None => Ok(()),
+        }
+    }
+
+    fn run(
+        &self,
+        call: &'static str,
+        detail: &str,
+        f: impl FnOnce(&mut World) -> EffectResult,
+    ) -> EffectResult {
+        let fault = self.enter(call, detail)?;
+        f(&mut self.world())?;
+        match fault {
+            Some(FaultKind::CrashAfter) => Err(EffectError::Crashed),
+            Some(FaultKind::Fail | FaultKind::CrashBefore) | None => Ok(()),
+        }
+    }
+}
+
+impl World {
+    fn build_of(&self, build: &AgentBuild) -> Option<Build> {
+        match build {
+            AgentBuild::Slot { slot } => self.slots.get(slot).cloned(),
+            AgentBuild::Image { digest } => self.images.get(digest.as_str()).cloned(),
+        }
+    }
+
+    fn machine(&mut self, side: Side) -> &mut SimMachine {
+        self.machines.entry(side).or_default()
+    }
+
+    fn unit(&mut self, name: &str) -> EffectResult<&mut SimUnit> {
+        self.units
+            .get_mut(name)
+            .ok_or_else(|| EffectError::Failed(format!("unit {name} not found")))
+    }
+
+    fn start_unit(&mut self, unit: &str) -> EffectResult {
+        let now = self.now;
+        for side in [Side::Kube1, Side::Kube2] {
+            if unit == machine_unit(side) {
+                let m = self.machine(side);
+                if m.kubernetes_version.is_none() {
+                    return Err(EffectError::Failed(format!(
+                        "machine {} has no rootfs",
+                        side.name()
+                    )));
+                }
+                if m.broken {
+                    return Err(EffectError::Failed(format!(
+                        "machine {}: kubelet did not become ready",
+                        side.name()
+                    )));
+                }
+                m.running = true;
+                m.started_at = Some(now);
+                return Ok(());
+            }
+        }
+        let now = self.now;
+        let u = self.unit(unit)?;
+        u.active = true;
+        u.active_since = Some(now);
+        Ok(())
+    }
+
+    fn stop_unit(&mut self, unit: &str) {
+        for side in [Side::Kube1, Side::Kube2] {
+            if unit == machine_unit(side) {
+                self.machine(side).running = false;
+            }
+        }
+        if let Some(u) = self.units.get_mut(unit) {
+            u.active = false;
+            u.active_since = None;
+        }
+    }
+
+    fn api(&self) -> EffectResult {
+        if self.api_down {
+            Err(EffectError::Failed(
+                "API server unreachable: connection refused".into(),
+            ))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl Systemd for SimHost {
+    async fn write_unit(&self, name: &str, contents: &str) -> EffectResult {
+        self.run("write_unit", name, |w| {
+            w.units.entry(name.to_string()).or_default().contents = contents.to_string();
+            Ok(())
+        })
+    }
+
+    async fn remove_unit(&self, name: &str) -> EffectResult {
+        self.run("remove_unit", name, |w| {
+            w.units.remove(name);
+            Ok(())
+        })
+    }
+
+    async fn daemon_reload(&self) -> EffectResult {
+        self.run("daemon_reload", "", |w| {
+            w.reloads += 1;
+            Ok(())
+        })
+    }
+
+    async fn enable(&self, unit: &str) -> EffectResult {
+        self.run("enable", unit, |w| {
+            w.unit(unit)?.enabled = true;
+            Ok(())
+        })
+    }
+
+    async fn disable(&self, unit: &str) -> EffectResult {
+        self.run("disable", unit, |w| {
+            if let Some(u) = w.units.get_mut(unit) {
+                u.enabled = false;
+            }
+            Ok(())
+        })
+    }
+
+    async fn start(&self, unit: &str) -> EffectResult {
+        self.run("start", unit, |w| w.start_unit(unit))
+    }
+
+    async fn stop(&self, unit: &str) -> EffectResult {
+        self.run("stop", unit, |w| {
+            w.stop_unit(unit);
+            Ok(())
+        })
+    }
+
+    async fn restart(&self, unit: &str) -> EffectResult {
+        self.run("restart", unit, |w| {
+            w.stop_unit(unit);
+            if unit == super::AGENT_UNIT {
+                w.agent_restarts += 1;
+            }
+            w.start_unit(unit)
+        })
+    }
+
+    async fn reset_failed(&self, unit: &str) -> EffectResult {
+        self.run("reset_failed", unit, |_| Ok(()))
+    }
+
+    async fn schedule_restart(&self, unit: &str, delay_ms: u64) -> EffectResult {
+        self.run("schedule_restart", unit, |w| {
+            w.restart_timers.push(delay_ms);
+            Ok(())
+        })
+    }
+
+    async fn active_since(&self, unit: &str) -> EffectResult<Option<Timestamp>> {
+        self.read("active_since", unit)?;
+        Ok(self.world().units.get(unit).and_then(|u| u.active_since))
+    }
+
+    async fn machine_status(&self, side: Side) -> EffectResult<MachineStatus> {
+        self.read("machine_status", side.name())?;
+        let mut w = self.world();
+        let m = w.machine(side);
+        Ok(MachineStatus {
+            running: m.running,
+            started_at: m.started_at,
+        })
+    }
+}
+
+impl Containerd for SimHost {
+    async fn pull(&self, reference: &str, digest: &Sha256Hex) -> EffectResult {
+        self.run("pull", reference, |w| {
+            let build = w.registry.get(digest.as_str()).cloned().ok_or_else(|| {
+                EffectError::Failed(format!("image {digest} not found in the registry"))
+            })?;
+            w.images.insert(digest.as_str().to_string(), build);
+            Ok(())
+        })
+    }
+
+    async fn image_present(&self, digest: &Sha256Hex) -> EffectResult<bool> {
+        self.read("image_present", digest.short())?;
+        Ok(self.world().images.contains_key(digest.as_str()))
+    }
+
+    async fn remove_agent_image(&self, digest: &Sha256Hex) -> EffectResult {
+        self.run("remove_agent_image", digest.short(), |w| {
+            w.images.remove(digest.as_str());
+            Ok(())
+        })
+    }
+}
+
+impl Host for SimHost {
+    async fn install_agent(&self, mode: InstallMode, build: &AgentBuild) -> EffectResult {
+        self.run("install_agent", mode.as_str(), |w| {
+            let installed = Build {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+                crashes: false,
+            };
+            match build {
+                AgentBuild::Slot { slot } => {
+                    w.slots.entry(*slot).or_insert(installed);
+                }
+                AgentBuild::Image { digest } => {
+                    w.images
+                        .entry(digest.as_str().to_string())
+                        .or_insert(installed);
+                }
+            }
+            w.current = Some(build.clone());
+            w.runtime_files = true;
+            Ok(())
+        })
+    }
+
+    async fn stage_archive(
+        &self,
+        url: &ArchiveUrl,
+        sha256: &Sha256Hex,
+        build: &AgentBuild,
+    ) -> EffectResult {
+        self.run("stage_archive", &url.redacted(), |w| {
+            let AgentBuild::Slot { slot } = build else {
+                return Err(EffectError::Failed(
+                    "an archive installs into a slot".into(),
+                ));
+            };
+            let (served_sha, served) = w
+                .artifacts
+                .get(url.expose())
+                .cloned()
+                .ok_or_else(|| EffectError::Failed(format!("download of {url} failed: 404")))?;
+            if served_sha != sha256.as_str() {
+                return Err(EffectError::Failed(
+                    "downloaded archive does not match sha256".into(),
+                ));
+            }
+            w.slots.insert(*slot, served);
+            Ok(())
+        })
+    }
+
+    async fn check_candidate(&self, build: &AgentBuild) -> EffectResult<String> {
+        self.read("check_candidate", &build.to_string())?;
+        let w = self.world();
+        w.build_of(build)
+            .map(|b| format!("flexnode {}", b.version))
+            .ok_or_else(|| EffectError::Failed(format!("candidate {build} is not installed")))
+    }
+
+    async fn discard_candidate(&self, build: &AgentBuild) -> EffectResult {
+        self.run("discard_candidate", &build.to_string(), |w| {
+            if w.current.as_ref() != Some(build) {
+                match build {
+                    AgentBuild::Slot { slot } => {
+                        w.slots.remove(slot);
+                    }
+                    AgentBuild::Image { .. } => {}
+                }
+            }
+            Ok(())
+        })
+    }
+
+    async fn selected_agent(&self, _mode: InstallMode) -> EffectResult<Option<AgentBuild>> {
+        self.read("selected_agent", "")?;
+        Ok(self.world().current.clone())
+    }
+
+    async fn select_agent(
+        &self,
+        _mode: InstallMode,
+        to: &AgentBuild,
+        last_good: &AgentBuild,
+    ) -> EffectResult {
+        self.run("select_agent", &to.to_string(), |w| {
+            if w.build_of(to).is_none() {
+                return Err(EffectError::Failed(format!("{to} is not installed")));
+            }
+            w.last_good = Some(last_good.clone());
+            w.current = Some(to.clone());
+            Ok(())
+        })
+    }
+
+    async fn remove_agent_links(&self) -> EffectResult {
+        self.run("remove_agent_links", "", |w| {
+            w.current = None;
+            w.last_good = None;
+            Ok(())
+        })
+    }
+
+    async fn machine_rootfs(&self, side: Side) -> EffectResult<Option<String>> {
+        self.read("machine_rootfs", side.name())?;
+        Ok(self.world().machine(side).kubernetes_version.clone())
+    }
+
+    async fn provision_machine(&self, side: Side, kubernetes_version: &str) -> EffectResult {
+        self.run("provision_machine", side.name(), |w| {
+            w.machine(side).kubernetes_version = Some(kubernetes_version.to_string());
+            Ok(())
+        })
+    }
+
+    async fn remove_machine(&self, side: Side) -> EffectResult {
+        self.run("remove_machine", side.name(), |w| {
+            let m = w.machine(side);
+            m.kubernetes_version = None;
+            m.running = false;
+            Ok(())
+        })
+    }
+
+    async fn runtime_present(&self) -> EffectResult<bool> {
+        self.read("runtime_present", "")?;
+        Ok(self.world().runtime_files)
+    }
+
+    async fn wipe_runtime(&self) -> EffectResult {
+        self.run("wipe_runtime", "", |w| {
+            w.runtime_files = false;
+            Ok(())
+        })
+    }
+}
+
+impl Publisher for SimHost {
+    async fn report_progress(&self, op: &OpRef, message: &str) -> EffectResult {
+        self.run("report_progress", &op.name, |w| {
+            w.api()?;
+            w.api.push(ApiWrite::Progress {
+                op: op.clone(),
+                message: message.to_string(),
+            });
+            Ok(())
+        })
+    }
+
+    async fn publish_result(&self, op: &OpRef, result: &OpResult, _at: Timestamp) -> EffectResult {
+        self.run("publish_result", &op.name, |w| {
+            w.api()?;
+            w.api.push(ApiWrite::Result {
+                op: op.clone(),
+                result: result.clone(),
+            });
+            Ok(())
+        })
+    }
+
+    async fn report_machine(
+        &self,
+        phase: MachinePhase,
+        message: &str,
+        observed_generation: Option<i64>,
+    ) -> EffectResult {
+        self.run("report_machine", phase.as_str(), |w| {
+            w.api()?;
+            w.api.push(ApiWrite::Machine {
+                phase,
+                message: message.to_string(),
+                observed_generation,
+            });
+            Ok(())
+        })
+    }
+}

@@ -1,0 +1,226 @@
+//! Each effect as calls on the effects traits. Every arm first probes whether its effect
+//! already happened, so running an interrupted step again finishes it instead of repeating it.
+
+use super::{Clock, Runner};
+use crate::effects::{
+    AGENT_UNIT, BOOTSTRAP_UNIT, Containerd, EffectError, EffectResult, Host, Publisher,
+    RECOVERY_UNIT, RESET_UNIT, Systemd, machine_unit,
+};
+use crate::machine::state::{AgentBuild, Side};
+use crate::machine::validate::UpgradeTarget;
+use crate::machine::{Effect, Timestamp};
+use crate::store::StoreError;
+
+fn store_failed(e: StoreError) -> EffectError {
+    EffectError::Failed(format!("store: {e}"))
+}
+
+impl<S, C, H, P, K> Runner<S, C, H, P, K>
+where
+    S: Systemd,
+    C: Containerd,
+    H: Host,
+    P: Publisher,
+    K: Clock,
+{
+    pub(super) async fn apply(
+        &mut self,
+        effect: &Effect,
+        resumed: Option<Timestamp>,
+    ) -> EffectResult {
+        let now = self.clock.now();
+        let fx = &self.effects;
+        match effect {
+            Effect::ReportProgress { op, message } => {
+                fx.publisher.report_progress(op, message).await
+            }
+            // Durable first; delivery may fail and is retried from the outbox.
+            Effect::PublishResult { op, result } => {
+                self.store
+                    .record_result(op, result, now)
+                    .map_err(store_failed)?;
+                self.deliver(op).await.or_else(|e| match e {
+                    EffectError::Crashed => Err(e),
+                    EffectError::Failed(message) => {
+                        tracing::warn!(%op, %message, "result kept for re-publication");
+                        Ok(())
+                    }
+                })
+            }
+            Effect::AwaitPublished { op } => self.deliver(op).await,
+            // Machine status is re-reported on later transitions; a miss is not fatal.
+            Effect::ReportMachine {
+                phase,
+                message,
+                observed_generation,
+            } => match fx
+                .publisher
+                .report_machine(*phase, message, *observed_generation)
+                .await
+            {
+                Err(EffectError::Failed(e)) => {
+                    tracing::warn!(error = %e, "machine status not reported");
+                    Ok(())
+                }
+                other => other,
+            },
+            Effect::InstallAgent { mode, build } => fx.host.install_agent(*mode, build).await,
+            Effect::WriteUnits { mode } => {
+                for (name, contents) in crate::units::for_mode(*mode) {
+                    fx.systemd.write_unit(name, contents).await?;
+                }
+                fx.systemd.daemon_reload().await
+            }
+            Effect::StartAgent => {
+                fx.systemd.enable(AGENT_UNIT).await?;
+                fx.systemd.start(AGENT_UNIT).await
+            }
+            Effect::StageAgent { target, candidate } => {
+                match target {
+                    UpgradeTarget::Archive { url, sha256 } => {
+                        fx.host.stage_archive(url, sha256, candidate).await?;
+                    }
+                    UpgradeTarget::Image { image, digest } => {
+                        if !fx.containerd.image_present(digest).await? {
+                            fx.containerd.pull(&image.pinned(digest), digest).await?;
+                        }
+                    }
+                }
+                let version = fx.host.check_candidate(candidate).await?;
+                tracing::info!(%candidate, %version, "candidate staged");
+                Ok(())
+            }
+            Effect::DiscardCandidate { candidate } => {
+                fx.host.discard_candidate(candidate).await?;
+                match candidate {
+                    AgentBuild::Image { digest } => fx.containerd.remove_agent_image(digest).await,
+                    AgentBuild::Slot { .. } => Ok(()),
+                }
+            }
+            Effect::SwitchAgent {
+                mode,
+                to,
+                last_good,
+            } => {
+                if fx.host.selected_agent(*mode).await?.as_ref() == Some(to) {
+                    return Ok(());
+                }
+                fx.host.select_agent(*mode, to, last_good).await
+            }
+            // An agent restart is done once the agent unit became active after the intent. A
+            // CLI process never resumes a scheduled restart: the old daemon already died.
+            Effect::ScheduleAgentRestart { .. } if resumed.is_some() && !self.daemon => Ok(()),
+            Effect::ScheduleAgentRestart { .. } | Effect::RestartAgent
+                if self.agent_restarted_since(resumed).await? =>
+            {
+                Ok(())
+            }
+            Effect::ScheduleAgentRestart { delay_ms } => {
+                fx.systemd.schedule_restart(AGENT_UNIT, *delay_ms).await?;
+                self.restart_requested = true;
+                Ok(())
+            }
+            Effect::RestartAgent => {
+                fx.systemd.reset_failed(AGENT_UNIT).await?;
+                fx.systemd.restart(AGENT_UNIT).await?;
+                self.restart_requested = true;
+                Ok(())
+            }
+            Effect::ProvisionMachine {
+                side,
+                kubernetes_version,
+            } => {
+                if fx.host.machine_rootfs(*side).await?.as_deref() == Some(kubernetes_version) {
+                    return Ok(());
+                }
+                fx.host.provision_machine(*side, kubernetes_version).await
+            }
+            Effect::StartMachine { side } => {
+                if fx.systemd.machine_status(*side).await?.running {
+                    return Ok(());
+                }
+                fx.systemd.start(&machine_unit(*side)).await
+            }
+            Effect::StopMachine { side } => self.stop_machine(*side).await,
+            Effect::RestartMachine { side, not_before } => {
+                let status = fx.systemd.machine_status(*side).await?;
+                if status.running && status.started_at.is_some_and(|t| t >= *not_before) {
+                    return Ok(());
+                }
+                fx.systemd.restart(&machine_unit(*side)).await
+            }
+            Effect::RemoveMachine { side } => self.remove_machine(*side).await,
+            Effect::WipeNode => {
+                for side in [Side::Kube1, Side::Kube2] {
+                    self.remove_machine(side).await?;
+                }
+                if fx.host.runtime_present().await? {
+                    fx.host.wipe_runtime().await?;
+                }
+                Ok(())
+            }
+            // The bootstrap unit goes first (it would re-join), the agent unit last (stopping
+            // it ends this process).
+            Effect::UninstallAgent => {
+                fx.systemd.disable(BOOTSTRAP_UNIT).await?;
+                self.stop_unit(BOOTSTRAP_UNIT).await?;
+                fx.systemd.disable(AGENT_UNIT).await?;
+                for unit in [BOOTSTRAP_UNIT, RECOVERY_UNIT, RESET_UNIT, AGENT_UNIT] {
+                    fx.systemd.remove_unit(unit).await?;
+                }
+                fx.systemd.daemon_reload().await?;
+                fx.host.remove_agent_links().await?;
+                self.stop_unit(AGENT_UNIT).await
+            }
+        }
+    }
+
+    async fn agent_restarted_since(&self, intent: Option<Timestamp>) -> EffectResult<bool> {
+        let Some(intent) = intent else {
+            return Ok(false);
+        };
+        let since = self.effects.systemd.active_since(AGENT_UNIT).await?;
+        Ok(since.is_some_and(|t| t >= intent))
+    }
+
+    async fn stop_unit(&self, unit: &str) -> EffectResult {
+        if self.effects.systemd.active_since(unit).await?.is_none() {
+            return Ok(());
+        }
+        self.effects.systemd.stop(unit).await
+    }
+
+    async fn remove_machine(&self, side: Side) -> EffectResult {
+        self.stop_machine(side).await?;
+        if self.effects.host.machine_rootfs(side).await?.is_none() {
+            return Ok(());
+        }
+        self.effects.host.remove_machine(side).await
+    }
+
+    async fn stop_machine(&self, side: Side) -> EffectResult {
+        if !self.effects.systemd.machine_status(side).await?.running {
+            return Ok(());
+        }
+        self.effects.systemd.stop(&machine_unit(side)).await
+    }
+
+    /// Publishes a stored result unless it already reached the API server.
+    async fn deliver(&self, op: &crate::machine::state::OpRef) -> EffectResult {
+        let stored = self
+            .store
+            .result_for(&op.uid)
+            .map_err(store_failed)?
+            .ok_or_else(|| EffectError::Failed(format!("no stored result for {op}")))?;
+        if stored.published_at.is_some() {
+            return Ok(());
+        }
+        self.effects
+            .publisher
+            .publish_result(op, &stored.result, stored.completed_at)
+            .await?;
+        self.store
+            .mark_published(&op.uid, self.clock.now())
+            .map_err(store_failed)
+    }
+}

@@ -1,0 +1,34 @@
+//! Ordered schema migrations under `state/`, applied by `PRAGMA user_version`.
+
+use rusqlite::{Connection, TransactionBehavior};
+
+/// Index `i` holds the SQL that takes the schema from version `i` to `i + 1`.
+pub const MIGRATIONS: &[&str] = &[include_str!("../../state/0001_init.sql")];
+
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum MigrationError {
+    #[error("the store has schema version {found}, newer than this flexnode knows ({known})")]
+    TooNew { found: i64, known: i64 },
+    #[error(transparent)]
+    Sqlite(#[from] rusqlite::Error),
+}
+
+/// Applies the missing migrations in one immediate transaction: all or nothing.
+pub fn migrate(conn: &mut Connection) -> Result<i64, MigrationError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let found: i64 = tx.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    if found > SCHEMA_VERSION {
+        return Err(MigrationError::TooNew {
+            found,
+            known: SCHEMA_VERSION,
+        });
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+        tx.execute_batch(sql)?;
+        tx.pragma_update(None, "user_version", (i + 1) as i64)?;
+    }
+    tx.commit()?;
+    Ok(SCHEMA_VERSION)
+}

@@ -1,0 +1,368 @@
+//! The node's durable memory: SQLite in WAL mode with `synchronous=FULL`, file 0600 in a 0700
+//! directory, one writer at a time.
+//!
+//! A step is persisted as intent (next state + its effects, journal entry without outcome)
+//! before any effect runs, and its outcome after. After a crash the intent is still there.
+
+pub mod journal;
+pub mod migrations;
+pub mod operations;
+
+use crate::machine::{Effect, Input, NodeState, Timestamp};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
+use std::fs::{self, File, OpenOptions};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use journal::JournalEntry;
+pub use operations::StoredResult;
+
+pub const DEFAULT_PATH: &str = "/var/lib/flexnode/state.db";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("no flexnode store at {0} (has this node joined?)")]
+    Missing(PathBuf),
+    #[error("another flexnode process is writing {0}; only one writer may open the store")]
+    Locked(PathBuf),
+    #[error(
+        "the store {path} is damaged ({detail}); it was not read. Restore it or reset the node"
+    )]
+    Corrupt { path: PathBuf, detail: String },
+    #[error("the store directory {0} is accessible by group or others; it must be mode 0700")]
+    InsecureDirectory(PathBuf),
+    #[error(transparent)]
+    Migration(#[from] migrations::MigrationError),
+    #[error("cannot use the store {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("store error: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+}
+
+impl StoreError {
+    fn io(path: &Path, source: std::io::Error) -> Self {
+        Self::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// The persisted node state plus the intent of a step whose outcome is not recorded yet.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Persisted {
+    pub state: NodeState,
+    pub pending: Option<Intent>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Intent {
+    pub seq: i64,
+    /// When the intent was recorded: an effect observed to have happened after it is done.
+    pub at: Timestamp,
+    pub effects: Vec<Effect>,
+}
+
+/// The single writer. Holds an exclusive lock on `<store>.lock` while open.
+#[derive(Debug)]
+pub struct Store {
+    conn: Connection,
+    path: PathBuf,
+    _lock: File,
+}
+
+/// A read-only view for `flexnode status` and `history`; works while the daemon runs or not.
+#[derive(Debug)]
+pub struct StoreReader {
+    conn: Connection,
+    path: PathBuf,
+}
+
+impl Store {
+    /// Opens (creating if needed) the store for writing.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        ensure_private_dir(dir)?;
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(lock_path(path))
+            .map_err(|e| StoreError::io(path, e))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => return Err(StoreError::Locked(path.into())),
+            Err(fs::TryLockError::Error(e)) => return Err(StoreError::io(path, e)),
+        }
+        // Create the file ourselves so it is 0600 from the first byte; SQLite gives the WAL and
+        // shared-memory files the same mode.
+        OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|e| StoreError::io(path, e))?;
+        fs::set_permissions(path, fs::Permissions::from_mode(0o600))
+            .map_err(|e| StoreError::io(path, e))?;
+        let mut conn = Connection::open(path)?;
+        conn.busy_timeout(Duration::from_secs(5))?;
+        check_integrity(&conn, path)?;
+        let mode: String =
+            conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::Corrupt {
+                path: path.into(),
+                detail: format!("journal mode is {mode}, not wal"),
+            });
+        }
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.pragma_update(None, "foreign_keys", true)?;
+        migrations::migrate(&mut conn).map_err(|e| corrupt_or(e, path))?;
+        let store = Self {
+            conn,
+            path: path.into(),
+            _lock: lock,
+        };
+        store.seed()?;
+        Ok(store)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn seed(&self) -> Result<(), StoreError> {
+        let state = to_json(&NodeState::default())?;
+        self.conn.execute(
+            "INSERT OR IGNORE INTO node (id, state, updated_at) VALUES (1, ?1, 0)",
+            params![state],
+        )?;
+        Ok(())
+    }
+
+    pub fn load(&self) -> Result<Persisted, StoreError> {
+        load(&self.conn, &self.path)
+    }
+
+    /// Intent: the next state, its effects and a journal entry without outcome, in one
+    /// transaction, before any effect runs.
+    pub fn begin_step(
+        &mut self,
+        from: &NodeState,
+        input: &Input,
+        next: &NodeState,
+        effects: &[Effect],
+        now: Timestamp,
+    ) -> Result<i64, StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let summaries: Vec<String> = effects.iter().map(ToString::to_string).collect();
+        tx.execute(
+            "INSERT INTO journal (at, from_state, input, to_state, effects) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![
+                now.millis(),
+                from.to_string(),
+                input.to_string(),
+                next.to_string(),
+                to_json(&summaries)?
+            ],
+        )?;
+        let seq = tx.last_insert_rowid();
+        let pending = (!effects.is_empty())
+            .then(|| to_json(&effects))
+            .transpose()?;
+        tx.execute(
+            "UPDATE node SET state = ?1, pending = ?2, pending_seq = ?3, updated_at = ?4 WHERE id = 1",
+            params![to_json(next)?, pending, pending.as_ref().map(|_| seq), now.millis()],
+        )?;
+        if pending.is_none() {
+            tx.execute(
+                "UPDATE journal SET outcome = 'ok', outcome_at = ?2 WHERE seq = ?1",
+                params![seq, now.millis()],
+            )?;
+        }
+        tx.commit()?;
+        Ok(seq)
+    }
+
+    /// Outcome: closes the journal entry and clears the intent.
+    pub fn finish_step(
+        &mut self,
+        seq: i64,
+        outcome: &str,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        tx.execute(
+            "UPDATE journal SET outcome = ?2, outcome_at = ?3 WHERE seq = ?1 AND outcome IS NULL",
+            params![seq, outcome, now.millis()],
+        )?;
+        tx.execute(
+            "UPDATE node SET pending = NULL, pending_seq = NULL WHERE id = 1 AND pending_seq = ?1",
+            params![seq],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    pub(crate) fn conn(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// Moves WAL content into the main file on a clean shutdown.
+    pub fn checkpoint(&self) -> Result<(), StoreError> {
+        self.conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        Ok(())
+    }
+}
+
+impl StoreReader {
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        if !path.exists() {
+            return Err(StoreError::Missing(path.into()));
+        }
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        conn.busy_timeout(Duration::from_secs(5))?;
+        check_integrity(&conn, path)?;
+        let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+        if version == 0 {
+            return Err(StoreError::Corrupt {
+                path: path.into(),
+                detail: "no schema".into(),
+            });
+        }
+        if version > migrations::SCHEMA_VERSION {
+            return Err(migrations::MigrationError::TooNew {
+                found: version,
+                known: migrations::SCHEMA_VERSION,
+            }
+            .into());
+        }
+        Ok(Self {
+            conn,
+            path: path.into(),
+        })
+    }
+
+    pub fn load(&self) -> Result<Persisted, StoreError> {
+        load(&self.conn, &self.path)
+    }
+
+    pub(crate) fn conn(&self) -> &Connection {
+        &self.conn
+    }
+}
+
+fn load(conn: &Connection, path: &Path) -> Result<Persisted, StoreError> {
+    let row: Option<(String, Option<String>, Option<i64>, Option<i64>)> = conn
+        .query_row(
+            "SELECT n.state, n.pending, n.pending_seq, j.at FROM node n
+             LEFT JOIN journal j ON j.seq = n.pending_seq WHERE n.id = 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+        )
+        .optional()
+        .map_err(|e| corrupt(path, &e))?;
+    let Some((state, pending, seq, at)) = row else {
+        return Ok(Persisted {
+            state: NodeState::default(),
+            pending: None,
+        });
+    };
+    let state: NodeState = serde_json::from_str(&state).map_err(|e| StoreError::Corrupt {
+        path: path.into(),
+        detail: format!("node state does not decode: {e}"),
+    })?;
+    let pending = match (pending, seq.zip(at)) {
+        (Some(json), Some((seq, at))) => Some(Intent {
+            seq,
+            at: Timestamp::from_millis(at),
+            effects: serde_json::from_str(&json).map_err(|e| StoreError::Corrupt {
+                path: path.into(),
+                detail: format!("pending effects do not decode: {e}"),
+            })?,
+        }),
+        (None, None) => None,
+        (Some(_), None) | (None, Some(_)) => {
+            return Err(StoreError::Corrupt {
+                path: path.into(),
+                detail: "pending effects without their journal entry".into(),
+            });
+        }
+    };
+    Ok(Persisted { state, pending })
+}
+
+fn lock_path(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".lock");
+    PathBuf::from(p)
+}
+
+fn ensure_private_dir(dir: &Path) -> Result<(), StoreError> {
+    if !dir.exists() {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| StoreError::io(dir, e))?;
+        return Ok(());
+    }
+    let mode = fs::metadata(dir)
+        .map_err(|e| StoreError::io(dir, e))?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        return Err(StoreError::InsecureDirectory(dir.into()));
+    }
+    Ok(())
+}
+
+/// A file that is not a database, or whose pages are damaged, is reported, never guessed at.
+fn check_integrity(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    let result: String = conn
+        .query_row("PRAGMA quick_check", [], |r| r.get(0))
+        .map_err(|e| corrupt(path, &e))?;
+    if result != "ok" {
+        return Err(StoreError::Corrupt {
+            path: path.into(),
+            detail: result,
+        });
+    }
+    Ok(())
+}
+
+fn corrupt(path: &Path, e: &rusqlite::Error) -> StoreError {
+    StoreError::Corrupt {
+        path: path.into(),
+        detail: e.to_string(),
+    }
+}
+
+fn corrupt_or(e: migrations::MigrationError, path: &Path) -> StoreError {
+    match e {
+        migrations::MigrationError::Sqlite(ref s) => corrupt(path, s),
+        migrations::MigrationError::TooNew { .. } => StoreError::Migration(e),
+    }
+}
+
+fn to_json<T: serde::Serialize + ?Sized>(v: &T) -> Result<String, StoreError> {
+    serde_json::to_string(v).map_err(|e| StoreError::Corrupt {
+        path: PathBuf::new(),
+        detail: format!("cannot encode: {e}"),
+    })
+}

@@ -1,0 +1,141 @@
+//! Operations seen and their results: an outbox, so a result is persisted before it is
+//! published and re-published (never re-executed) after a crash.
+
+use super::{Store, StoreError, StoreReader};
+use crate::machine::Timestamp;
+use crate::machine::effect::{OpResult, ResultReason};
+use crate::machine::state::OpRef;
+use rusqlite::{Connection, OptionalExtension, params};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredResult {
+    pub op: OpRef,
+    pub result: OpResult,
+    pub completed_at: Timestamp,
+    pub published_at: Option<Timestamp>,
+}
+
+fn reason_from(s: &str) -> ResultReason {
+    match s {
+        "Succeeded" => ResultReason::Succeeded,
+        "InvalidParameters" => ResultReason::InvalidParameters,
+        "DaemonFailed" => ResultReason::DaemonFailed,
+        "UnsupportedOperation" => ResultReason::UnsupportedOperation,
+        _ => ResultReason::ExecutionFailed,
+    }
+}
+
+const SELECT: &str = "SELECT uid, name, result_reason, result_message, started_at, completed_at,
+    machine_generation, published_at FROM operations WHERE result_reason IS NOT NULL";
+
+fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StoredResult> {
+    let reason: String = r.get(2)?;
+    Ok(StoredResult {
+        op: OpRef {
+            uid: r.get(0)?,
+            name: r.get(1)?,
+        },
+        result: OpResult {
+            reason: reason_from(&reason),
+            message: r.get(3)?,
+            started_at: Timestamp::from_millis(r.get(4)?),
+            machine_generation: r.get(6)?,
+        },
+        completed_at: Timestamp::from_millis(r.get(5)?),
+        published_at: r.get::<_, Option<i64>>(7)?.map(Timestamp::from_millis),
+    })
+}
+
+fn last_result(conn: &Connection) -> Result<Option<StoredResult>, StoreError> {
+    Ok(conn
+        .query_row(
+            &format!("{SELECT} ORDER BY completed_at DESC LIMIT 1"),
+            [],
+            row,
+        )
+        .optional()?)
+}
+
+impl Store {
+    /// Remembers a claimed operation (idempotent).
+    pub fn record_claim(
+        &self,
+        op: &OpRef,
+        kind: &str,
+        generation: i64,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.conn().execute(
+            "INSERT INTO operations (uid, name, generation, kind, first_seen_at)
+             VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT(uid) DO UPDATE SET generation = excluded.generation",
+            params![op.uid, op.name, generation, kind, now.millis()],
+        )?;
+        Ok(())
+    }
+
+    /// Persists a terminal result; the first one recorded for a UID wins.
+    pub fn record_result(
+        &self,
+        op: &OpRef,
+        result: &OpResult,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.conn().execute(
+            "INSERT INTO operations (uid, name, kind, first_seen_at, result_reason, result_message,
+                 started_at, completed_at, machine_generation)
+             VALUES (?1, ?2, '', ?3, ?4, ?5, ?6, ?3, ?7)
+             ON CONFLICT(uid) DO UPDATE SET
+                 result_reason = excluded.result_reason,
+                 result_message = excluded.result_message,
+                 started_at = excluded.started_at,
+                 completed_at = excluded.completed_at,
+                 machine_generation = excluded.machine_generation
+             WHERE operations.result_reason IS NULL",
+            params![
+                op.uid,
+                op.name,
+                now.millis(),
+                result.reason.as_str(),
+                result.message,
+                result.started_at.millis(),
+                result.machine_generation
+            ],
+        )?;
+        Ok(())
+    }
+
+    pub fn mark_published(&self, uid: &str, now: Timestamp) -> Result<(), StoreError> {
+        self.conn().execute(
+            "UPDATE operations SET published_at = ?2 WHERE uid = ?1 AND published_at IS NULL",
+            params![uid, now.millis()],
+        )?;
+        Ok(())
+    }
+
+    pub fn result_for(&self, uid: &str) -> Result<Option<StoredResult>, StoreError> {
+        Ok(self
+            .conn()
+            .query_row(&format!("{SELECT} AND uid = ?1"), params![uid], row)
+            .optional()?)
+    }
+
+    /// Results that still have to reach the API server, oldest first.
+    pub fn unpublished(&self) -> Result<Vec<StoredResult>, StoreError> {
+        let mut stmt = self.conn().prepare(&format!(
+            "{SELECT} AND published_at IS NULL ORDER BY completed_at"
+        ))?;
+        let rows = stmt.query_map([], row)?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
+    pub fn last_result(&self) -> Result<Option<StoredResult>, StoreError> {
+        last_result(self.conn())
+    }
+}
+
+impl StoreReader {
+    pub fn last_result(&self) -> Result<Option<StoredResult>, StoreError> {
+        last_result(self.conn())
+    }
+}

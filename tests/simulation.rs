@@ -1,0 +1,473 @@
+//! The real core, store and executor against the simulated host, including a crash at every
+//! effect boundary.
+
+use flexnode::effects::sim::{ApiWrite, Build, FaultKind};
+use flexnode::exec::Fed;
+use flexnode::machine::effect::ResultReason;
+use flexnode::machine::input::ClaimKind;
+use flexnode::machine::state::{AgentBuild, InstallMode, Side, Slot};
+use flexnode::machine::{Input, NodeState, Timestamp};
+use flexnode::simlab::{SimNode, upgrade};
+
+const T0: Timestamp = Timestamp::from_millis(1_785_578_400_000);
+const URL: &str = "https://artifacts.example/flexnode-v2.tar.gz?sig=SECRETSAS";
+const SHA: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+const IMAGE: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+
+fn v2(crashes: bool) -> Build {
+    Build {
+        version: "0.2.0".into(),
+        crashes,
+    }
+}
+
+async fn joined(dir: &tempfile::TempDir, mode: InstallMode) -> SimNode {
+    let mut node = SimNode::new(&dir.path().join("state/state.db"), T0);
+    node.join(mode, "edge-07").await.expect("join");
+    node.boot().await.expect("daemon starts");
+    node
+}
+
+fn results_for(node: &SimNode, uid: &str) -> Vec<(ResultReason, String)> {
+    node.host
+        .results()
+        .into_iter()
+        .filter(|(op, _)| op.uid == uid)
+        .map(|(_, r)| (r.reason, r.message))
+        .collect()
+}
+
+fn state(node: &mut SimNode) -> NodeState {
+    node.runner().expect("open").state().expect("state")
+}
+
+fn count_calls(node: &SimNode, prefix: &str) -> usize {
+    node.host
+        .world()
+        .calls
+        .iter()
+        .filter(|c| c.starts_with(prefix))
+        .count()
+}
+
+#[tokio::test]
+async fn join_installs_units_machine_and_reports_ready() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut node = joined(&dir, InstallMode::Host).await;
+    let w = node.host.world();
+    assert!(w.units["flexnode-agent.service"].active);
+    assert!(w.units["flexnode-agent.service"].enabled);
+    assert_eq!(w.units.len(), 4);
+    assert!(w.machines[&Side::Kube1].running);
+    assert_eq!(w.current, Some(AgentBuild::Slot { slot: Slot::Blue }));
+    assert!(matches!(
+        w.api.last(),
+        Some(ApiWrite::Machine {
+            observed_generation: Some(1),
+            ..
+        })
+    ));
+    drop(w);
+    assert!(matches!(state(&mut node), NodeState::Ready { .. }));
+}
+
+#[tokio::test]
+async fn host_upgrade_hands_off_to_the_successor_which_publishes() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut node = joined(&dir, InstallMode::Host).await;
+    node.host.serve_artifact(URL, SHA, v2(false));
+    node.claim("u1", upgrade(URL, SHA)).await.expect("claim");
+    assert!(
+        results_for(&node, "u1").is_empty(),
+        "only the successor publishes"
+    );
+    node.settle().await.expect("handoff");
+    assert_eq!(
+        results_for(&node, "u1"),
+        [(
+            ResultReason::Succeeded,
+            "AgentUpgrade completed".to_string()
+        )]
+    );
+    let w = node.host.world();
+    assert_eq!(w.current, Some(AgentBuild::Slot { slot: Slot::Green }));
+    assert_eq!(w.last_good, Some(AgentBuild::Slot { slot: Slot::Blue }));
+    drop(w);
+    let st = state(&mut node);
+    assert_eq!(
+        st.node().map(|n| n.agent.clone()),
+        Some(AgentBuild::Slot { slot: Slot::Green })
+    );
+    // The journal never holds the SAS token.
+    let journal = node
+        .runner()
+        .expect("open")
+        .store
+        .journal(100)
+        .expect("journal");
+    assert!(journal.len() >= 6);
+    assert!(
+        journal
+            .iter()
+            .all(|e| !format!("{e:?}").contains("SECRETSAS"))
+    );
+}
+
+#[tokio::test]
+async fn crash_looping_candidate_is_rolled_back_by_the_recovery_unit() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut node = joined(&dir, InstallMode::Host).await;
+    node.host.serve_artifact(URL, SHA, v2(true));
+    node.claim("u1", upgrade(URL, SHA)).await.expect("claim");
+    node.settle().await.expect("recovery");
+    let results = results_for(&node, "u1");
+    assert_eq!(results.len(), 1);
+    assert_eq!(results[0].0, ResultReason::DaemonFailed);
+    assert_eq!(
+        node.host.world().current,
+        Some(AgentBuild::Slot { slot: Slot::Blue })
+    );
+    assert_eq!(node.host.world().agent_restarts, 1);
+    // Upgrade back to a good build afterwards.
+    node.host.serve_artifact(URL, SHA, v2(false));
+    node.claim("u2", upgrade(URL, SHA)).await.expect("claim");
+    node.settle().await.expect("handoff");
+    assert_eq!(results_for(&node, "u2")[0].0, ResultReason::Succeeded);
+}
+
+#[tokio::test]
+async fn container_upgrade_pulls_by_digest_and_switches_image() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut node = joined(&dir, InstallMode::Container).await;
+    node.host.serve_image(IMAGE, v2(false));
+    node.claim("u1", upgrade("oci://registry.example/flexnode:v2", IMAGE))
+        .await
+        .expect("claim");
+    node.settle().await.expect("handoff");
+    assert_eq!(results_for(&node, "u1")[0].0, ResultReason::Succeeded);
+    assert!(
+        count_calls(
+            &node,
+            &format!("pull(registry.example/flexnode@sha256:{IMAGE})")
+        ) == 1
+    );
+}
+
+#[tokio::test]
+async fn wrong_digest_fails_the_stage_and_rolls_back() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut node = joined(&dir, InstallMode::Host).await;
+    node.host
+        .serve_artifact(URL, &SHA.replace('a', "c"), v2(false));
+    node.claim("u1", upgrade(URL, SHA)).await.expect("claim");
+    node.settle().await.expect("nothing to settle");
+    let r = results_for(&node, "u1");
+    assert_eq!(r[0].0, ResultReason::ExecutionFailed);
+    assert!(!r[0].1.contains("SECRETSAS"), "{}", r[0].1);
+    assert_eq!(
+        node.host.world().current,
+        Some(AgentBuild::Slot { slot: Slot::Blue })
+    );
+    assert!(node.host.world().restart_timers.is_empty());
+}
+
+#[tokio::test]
+async fn invalid_parameters_execute_nothing() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut node = joined(&dir, InstallMode::Host).await;
+    let before = node.host.world().calls.len();
+    node.claim("u1", upgrade("https://user:hunter2@a.example/f.tgz", SHA))
+        .await
+        .expect("claim");
+    let calls = node.host.world().calls[before..].to_vec();
+    assert_eq!(calls, ["publish_result(op-u1)"]);
+    let r = results_for(&node, "u1");
+    assert_eq!(r[0].0, ResultReason::InvalidParameters);
+    assert!(!r[0].1.contains("hunter2"));
+}
+
+#[tokio::test]
+async fn node_reboot_restarts_the_active_machine() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut node = joined(&dir, InstallMode::Host).await;
+    let before = node.host.world().machines[&Side::Kube1].started_at;
+    node.claim("r1", ClaimKind::NodeReboot)
+        .await
+        .expect("claim");
+    assert!(node.host.world().machines[&Side::Kube1].started_at > before);
+    assert_eq!(
+        results_for(&node, "r1"),
+        [(ResultReason::Succeeded, "NodeReboot completed".to_string())]
+    );
+}
+
+#[tokio::test]
+async fn agent_reset_publishes_before_uninstalling_and_rejoin_works() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut node = joined(&dir, InstallMode::Host).await;
+    node.claim("x1", ClaimKind::AgentReset)
+        .await
+        .expect("claim");
+    let w = node.host.world();
+    let publish = w
+        .calls
+        .iter()
+        .position(|c| c == "publish_result(op-x1)")
+        .expect("published");
+    let uninstall = w
+        .calls
+        .iter()
+        .position(|c| c.starts_with("remove_unit"))
+        .expect("removed");
+    assert!(publish < uninstall);
+    assert!(w.units.is_empty(), "no unit left: {:?}", w.units.keys());
+    assert_eq!(w.current, None);
+    assert!(!w.runtime_files);
+    assert!(
+        w.machines
+            .values()
+            .all(|m| !m.running && m.kubernetes_version.is_none())
+    );
+    drop(w);
+    assert!(matches!(state(&mut node), NodeState::Unjoined { .. }));
+    node.stop_process();
+    node.join(InstallMode::Host, "edge-07")
+        .await
+        .expect("re-join");
+    node.boot().await.expect("daemon");
+    assert!(matches!(state(&mut node), NodeState::Ready { .. }));
+}
+
+#[tokio::test]
+async fn reset_result_waits_in_the_store_when_the_api_is_down() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut node = joined(&dir, InstallMode::Host).await;
+    // The API server goes away after the claim's progress report.
+    for _ in 0..8 {
+        node.host.inject("publish_result", FaultKind::Fail, 0);
+    }
+    node.claim("x1", ClaimKind::AgentReset)
+        .await
+        .expect("claim");
+    assert!(matches!(state(&mut node), NodeState::Unjoined { .. }));
+    assert!(results_for(&node, "x1").is_empty());
+    let waiting = node
+        .runner()
+        .expect("open")
+        .store
+        .unpublished()
+        .expect("outbox");
+    assert_eq!(waiting.len(), 1);
+    // The API returns; the next daemon publishes what waited.
+    node.host.world().faults.clear();
+    node.stop_process();
+    node.join(InstallMode::Host, "edge-07")
+        .await
+        .expect("re-join");
+    node.boot().await.expect("daemon");
+    assert_eq!(results_for(&node, "x1")[0].0, ResultReason::Succeeded);
+}
+
+#[tokio::test]
+async fn deletion_signal_resets_the_node() {
+    use flexnode::machine::input::{GoalObservation, MachineObservation, NodeObservation};
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut node = joined(&dir, InstallMode::Host).await;
+    node.feed(Input::GoalObserved(GoalObservation {
+        node: NodeObservation::Present {
+            deletion_taint: true,
+        },
+        machine: MachineObservation::Missing,
+    }))
+    .await
+    .expect("observe");
+    assert!(matches!(state(&mut node), NodeState::Unjoined { .. }));
+    assert!(node.host.world().units.is_empty());
+}
+
+#[tokio::test]
+async fn repave_rolls_back_when_the_new_side_fails_after_the_old_one_stopped() {
+    use flexnode::machine::input::{GoalObservation, MachineObservation, NodeObservation};
+    use flexnode::machine::state::Goal;
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut node = joined(&dir, InstallMode::Host).await;
+    node.host
+        .world()
+        .machines
+        .entry(Side::Kube2)
+        .or_default()
+        .broken = true;
+    let observe = |generation| {
+        Input::GoalObserved(GoalObservation {
+            node: NodeObservation::Absent,
+            machine: MachineObservation::Present(Goal {
+                generation,
+                kubernetes_version: "v1.34.3".into(),
+            }),
+        })
+    };
+    node.feed(observe(2)).await.expect("observe");
+    let w = node.host.world();
+    assert!(w.machines[&Side::Kube1].running, "old side is back");
+    assert!(!w.machines[&Side::Kube2].running);
+    drop(w);
+    let st = state(&mut node);
+    assert_eq!(st.node().map(|n| n.active), Some(Side::Kube1));
+    // Fixed, the next observation repaves for real.
+    node.host
+        .world()
+        .machines
+        .entry(Side::Kube2)
+        .or_default()
+        .broken = false;
+    node.feed(observe(2)).await.expect("observe");
+    let st = state(&mut node);
+    assert_eq!(
+        st.node().map(|n| (n.active, n.applied.generation)),
+        Some((Side::Kube2, 2))
+    );
+    assert!(
+        node.host.world().machines[&Side::Kube1]
+            .kubernetes_version
+            .is_none()
+    );
+}
+
+/// The scenarios whose every effect boundary gets a crash.
+#[derive(Clone, Copy, Debug)]
+enum Flow {
+    Reboot,
+    Upgrade,
+    BrokenUpgrade,
+    ContainerUpgrade,
+    Reset,
+}
+
+async fn setup(dir: &tempfile::TempDir, flow: Flow) -> SimNode {
+    let mode = match flow {
+        Flow::ContainerUpgrade => InstallMode::Container,
+        Flow::Reboot | Flow::Upgrade | Flow::BrokenUpgrade | Flow::Reset => InstallMode::Host,
+    };
+    let node = joined(dir, mode).await;
+    node.host
+        .serve_artifact(URL, SHA, v2(matches!(flow, Flow::BrokenUpgrade)));
+    node.host.serve_image(IMAGE, v2(false));
+    node
+}
+
+async fn drive(node: &mut SimNode, flow: Flow) -> Result<(), flexnode::simlab::SimError> {
+    let kind = match flow {
+        Flow::Reboot => ClaimKind::NodeReboot,
+        Flow::Reset => ClaimKind::AgentReset,
+        Flow::Upgrade | Flow::BrokenUpgrade => upgrade(URL, SHA),
+        Flow::ContainerUpgrade => upgrade("oci://registry.example/flexnode:v2", IMAGE),
+    };
+    match node.claim("op1", kind).await? {
+        Fed::Accepted(_) | Fed::Refused(_) => {}
+    }
+    node.settle().await?;
+    // A daemon that died with the result unpublished publishes it when it starts again.
+    if !matches!(flow, Flow::Reset) {
+        node.stop_process();
+        node.boot().await?;
+    }
+    Ok(())
+}
+
+/// Injects a crash before and after each call the clean run makes, and checks that every run
+/// converges to the clean run's outcome with one terminal result and no repeated disruption.
+async fn crash_everywhere(flow: Flow) {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut clean = setup(&dir, flow).await;
+    let start = clean.host.world().calls.len();
+    drive(&mut clean, flow).await.expect("clean run");
+    let calls: Vec<String> = clean.host.world().calls[start..].to_vec();
+    let want = results_for(&clean, "op1");
+    assert_eq!(want.len(), 1, "{flow:?}: {want:?}");
+    let want_agent = clean.host.world().current.clone();
+    let disruptive = [
+        "restart(",
+        "schedule_restart(",
+        "select_agent(",
+        "stop(",
+        "remove_machine(",
+        "wipe_runtime(",
+    ];
+    let clean_counts: Vec<usize> = disruptive
+        .iter()
+        .map(|p| calls.iter().filter(|c| c.starts_with(p)).count())
+        .collect();
+    let mut runs = 0;
+    for (i, call) in calls.iter().enumerate() {
+        let method: &'static str = Box::leak(
+            call.split('(')
+                .next()
+                .unwrap_or_default()
+                .to_string()
+                .into_boxed_str(),
+        );
+        let nth = calls[..i]
+            .iter()
+            .filter(|c| c.split('(').next() == Some(method))
+            .count() as u32;
+        for kind in [FaultKind::CrashBefore, FaultKind::CrashAfter] {
+            let dir = tempfile::tempdir().expect("tmp");
+            let mut node = setup(&dir, flow).await;
+            let start = node.host.world().calls.len();
+            node.host.inject(method, kind, nth);
+            drive(&mut node, flow)
+                .await
+                .unwrap_or_else(|e| panic!("{flow:?} crash {kind:?} at {call} (#{i}): {e}"));
+            runs += 1;
+            let got = results_for(&node, "op1");
+            assert!(
+                !got.is_empty(),
+                "{flow:?} crash {kind:?} at {call}: no result"
+            );
+            assert!(
+                got.iter().all(|r| *r == want[0]),
+                "{flow:?} crash {kind:?} at {call}: {got:?} != {want:?}"
+            );
+            assert_eq!(
+                node.host.world().current,
+                want_agent,
+                "{flow:?} crash {kind:?} at {call}"
+            );
+            let after: Vec<String> = node.host.world().calls[start..].to_vec();
+            for (p, clean_n) in disruptive.iter().zip(&clean_counts) {
+                let n = after.iter().filter(|c| c.starts_with(p)).count();
+                assert!(
+                    n <= *clean_n,
+                    "{flow:?} crash {kind:?} at {call}: {p} ran {n} times, clean {clean_n}"
+                );
+            }
+            assert_eq!(node.crashes, 1, "{flow:?} crash {kind:?} at {call}");
+        }
+    }
+    assert!(runs >= 2 * calls.len());
+}
+
+#[tokio::test]
+async fn crash_at_every_effect_boundary_of_a_reboot() {
+    crash_everywhere(Flow::Reboot).await;
+}
+
+#[tokio::test]
+async fn crash_at_every_effect_boundary_of_an_upgrade() {
+    crash_everywhere(Flow::Upgrade).await;
+}
+
+#[tokio::test]
+async fn crash_at_every_effect_boundary_of_a_broken_upgrade() {
+    crash_everywhere(Flow::BrokenUpgrade).await;
+}
+
+#[tokio::test]
+async fn crash_at_every_effect_boundary_of_a_container_upgrade() {
+    crash_everywhere(Flow::ContainerUpgrade).await;
+}
+
+#[tokio::test]
+async fn crash_at_every_effect_boundary_of_a_reset() {
+    crash_everywhere(Flow::Reset).await;
+}
