@@ -2,9 +2,12 @@
 //!
 //! `machine` is the pure core; `store` its durable memory; `effects` the traits over the host
 //! and API server (with a simulated host); `exec` drives the core through them.
+pub mod api;
+pub mod cli;
 pub mod effects;
 pub mod exec;
 pub mod machine;
+pub mod report;
 pub mod simlab;
 pub mod store;
 pub mod units;

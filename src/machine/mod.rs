@@ -1,6 +1,7 @@
 //! The pure node-lifecycle core.
 //!
-//! Everything in here is deterministic: no tokio, kube, zbus, rusqlite, filesystem or clock.
+//! Everything in here is deterministic: no async runtime, API client, D-Bus, database,
+//! filesystem or clock.
 //! Time arrives as a parameter, effects leave as data, and illegal inputs come back as typed
 //! refusals. The executor (`crate::exec`) is the only place that turns effects into actions.
 #![deny(clippy::wildcard_enum_match_arm)]

@@ -614,9 +614,22 @@ impl UpgradeCtx<'_> {
         )
     }
 
+    /// The node after a failed upgrade running `running`: a slot candidate overwrote the old
+    /// last-good slot, so no last-good build is left; an older image still is one.
+    fn node_after_failure(&self, running: &AgentBuild) -> NodeInfo {
+        NodeInfo {
+            agent: running.clone(),
+            last_good: match self.candidate {
+                AgentBuild::Slot { .. } => None,
+                AgentBuild::Image { .. } => self.node.last_good.clone(),
+            },
+            ..self.node.clone()
+        }
+    }
+
     /// The daemon that started after a hand-off or recovery decides the result.
     fn judge(&self, running: &AgentBuild, reason: ResultReason, message: &str) -> Step {
-        // Record what actually runs; a candidate left running keeps the old build as last-good.
+        // A candidate left running keeps the old build as its last-good.
         let node = if *running == *self.candidate {
             NodeInfo {
                 agent: running.clone(),
@@ -624,10 +637,7 @@ impl UpgradeCtx<'_> {
                 ..self.node.clone()
             }
         } else {
-            NodeInfo {
-                agent: running.clone(),
-                ..self.node.clone()
-            }
+            self.node_after_failure(running)
         };
         finish(&node, self.run, reason, message)
     }
@@ -716,7 +726,12 @@ fn upgrade_step(
                 restart: false,
             },
             I::EffectsDone,
-        ) => finish(u.node, u.run, *reason, message),
+        ) => finish(
+            &u.node_after_failure(&u.node.agent),
+            u.run,
+            *reason,
+            message,
+        ),
         // The undo failed: restart onto whatever is selected and let that daemon report.
         (
             P::RollingBack {

@@ -22,7 +22,7 @@ pub enum Arch {
 }
 
 impl Arch {
-    /// Maps Rust's `std::env::consts::ARCH` naming onto the release naming.
+    /// Maps Rust's target architecture names onto the release naming.
     pub fn from_rust(arch: &str) -> Self {
         match arch {
             "x86_64" => Self::Amd64,
@@ -581,7 +581,8 @@ mod tests {
             match validate_upgrade(mode, Arch::Amd64, &params(Some(&url), Some(&sha))) {
                 Err(e) => {
                     prop_assert!(!e.message().contains(&secret));
-                    prop_assert!(!format!("{e:?} {e}").contains(&secret));
+                    let shown = format!("{e:?} {e}");
+                    prop_assert!(!shown.contains(&secret));
                 }
                 Ok(target) => {
                     // A query is allowed for archives (SAS), but never rendered.

@@ -1,0 +1,138 @@
+//! The `flexnode` command line.
+
+use crate::report;
+use crate::store::{self, StoreError, StoreReader};
+use clap::{Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "flexnode",
+    version,
+    about = "Joins this host to Kubernetes and runs its node lifecycle"
+)]
+pub struct Cli {
+    /// The node's state store.
+    #[arg(long, global = true, env = "FLEXNODE_STATE", default_value = store::DEFAULT_PATH)]
+    pub state: PathBuf,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the node agent (reconciles Machine and MachineOperations).
+    Daemon,
+    /// Join this host to the cluster.
+    Join {
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Remove the agent and this node's runtime from the host.
+    Reset {
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Show the node's state; works while the daemon is stopped.
+    Status {
+        #[arg(long, short, value_enum, default_value_t = Output::Human)]
+        output: Output,
+    },
+    /// Print the transition journal.
+    History {
+        /// How many of the newest entries.
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+        #[arg(long, short, value_enum, default_value_t = Output::Human)]
+        output: Output,
+    },
+    /// Create and inspect MachineOperations.
+    Op {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Print the version.
+    Version,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Human,
+    Json,
+    Yaml,
+}
+
+/// Exit status for usage and configuration errors (never retried by the bootstrap unit).
+pub const EXIT_CONFIG: u8 = 78;
+/// Exit status when there is no store to read.
+pub const EXIT_NO_STORE: u8 = 2;
+
+pub fn run(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Version => {
+            println!("flexnode {}", env!("CARGO_PKG_VERSION"));
+            ExitCode::SUCCESS
+        }
+        Command::Status { output } => read(&cli.state, |reader| {
+            let report = report::build(reader)?;
+            Ok(match output {
+                Output::Human => report::render_human(&report),
+                Output::Json => json(&report),
+                Output::Yaml => yaml(&report),
+            })
+        }),
+        Command::History { limit, output } => read(&cli.state, |reader| {
+            let entries = reader.journal(limit.max(1))?;
+            Ok(match output {
+                Output::Human => entries
+                    .iter()
+                    .map(|e| report::journal_line(e) + "\n")
+                    .collect(),
+                Output::Json => json(&entries),
+                Output::Yaml => yaml(&entries),
+            })
+        }),
+        Command::Daemon => not_yet("daemon", "the reconciler (issue #3)"),
+        Command::Join { .. } => not_yet("join", "the host install (issue #5)"),
+        Command::Reset { .. } => not_yet("reset", "the host install (issue #5)"),
+        Command::Op { .. } => not_yet("op", "the reconciler (issue #3)"),
+    }
+}
+
+fn read(
+    path: &std::path::Path,
+    render: impl FnOnce(&StoreReader) -> Result<String, StoreError>,
+) -> ExitCode {
+    let result = StoreReader::open(path).and_then(|reader| render(&reader));
+    match result {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e @ StoreError::Missing(_)) => {
+            eprintln!("flexnode: {e}");
+            ExitCode::from(EXIT_NO_STORE)
+        }
+        Err(e) => {
+            eprintln!("flexnode: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn json<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string_pretty(v)
+        .map(|s| s + "\n")
+        .unwrap_or_default()
+}
+
+fn yaml<T: serde::Serialize>(v: &T) -> String {
+    serde_saphyr::to_string(v).unwrap_or_default()
+}
+
+/// A subcommand a later issue implements: say so, never pretend success.
+fn not_yet(command: &str, by: &str) -> ExitCode {
+    eprintln!("flexnode {command}: not implemented yet (comes with {by})");
+    ExitCode::FAILURE
+}

@@ -1,0 +1,215 @@
+//! One status model: built from the store, rendered by `flexnode status` (and, in later
+//! issues, resource status, Events and metrics).
+
+use crate::store::{JournalEntry, StoreError, StoreReader};
+use serde::Serialize;
+use std::fmt::Write as _;
+
+/// Bumped on any incompatible change of the JSON/YAML shape.
+pub const STATUS_API_VERSION: &str = "flexnode.io/v1alpha1";
+pub const STATUS_KIND: &str = "NodeStatus";
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusReport {
+    pub api_version: &'static str,
+    pub kind: &'static str,
+    pub phase: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<NodeSummary>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub current_operation: Option<OperationSummary>,
+    /// Effects of a step that a crash interrupted; the next agent process finishes them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub interrupted_effects: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_result: Option<ResultSummary>,
+    pub recent_transitions: Vec<JournalEntry>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeSummary {
+    pub name: String,
+    pub install_mode: &'static str,
+    pub active_side: &'static str,
+    pub applied_generation: i64,
+    pub applied_kubernetes_version: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub previous_kubernetes_version: Option<String>,
+    pub agent: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_good_agent: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OperationSummary {
+    pub name: String,
+    pub uid: String,
+    pub started_at: String,
+    pub deadline: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResultSummary {
+    pub operation: String,
+    pub phase: &'static str,
+    pub reason: &'static str,
+    pub message: String,
+    pub completed_at: String,
+    pub published: bool,
+}
+
+pub fn build(reader: &StoreReader) -> Result<StatusReport, StoreError> {
+    let persisted = reader.load()?;
+    let state = &persisted.state;
+    let node = state.node().map(|n| NodeSummary {
+        name: n.name.clone(),
+        install_mode: n.mode.as_str(),
+        active_side: n.active.name(),
+        applied_generation: n.applied.generation,
+        applied_kubernetes_version: n.applied.kubernetes_version.clone(),
+        previous_kubernetes_version: n.previous.as_ref().map(|g| g.kubernetes_version.clone()),
+        agent: n.agent.to_string(),
+        last_good_agent: n.last_good.as_ref().map(ToString::to_string),
+    });
+    let current_operation = state.run().map(|r| OperationSummary {
+        name: r.op.name.clone(),
+        uid: r.op.uid.clone(),
+        started_at: r.started_at.rfc3339(),
+        deadline: r.deadline.rfc3339(),
+    });
+    let last_result = reader.last_result()?.map(|r| ResultSummary {
+        operation: r.op.name,
+        phase: r.result.reason.phase(),
+        reason: r.result.reason.as_str(),
+        message: r.result.message,
+        completed_at: r.completed_at.rfc3339(),
+        published: r.published_at.is_some(),
+    });
+    Ok(StatusReport {
+        api_version: STATUS_API_VERSION,
+        kind: STATUS_KIND,
+        phase: state.phase_name(),
+        step: state.step_name(),
+        deadline: state.deadline().map(|d| d.rfc3339()),
+        node,
+        current_operation,
+        interrupted_effects: persisted
+            .pending
+            .map(|i| i.effects.iter().map(ToString::to_string).collect())
+            .unwrap_or_default(),
+        last_result,
+        recent_transitions: reader.journal(5)?,
+    })
+}
+
+/// The summary a person reads.
+pub fn render_human(r: &StatusReport) -> String {
+    let mut out = String::new();
+    let phase = match r.step {
+        Some(step) => format!("{} ({step})", r.phase),
+        None => r.phase.to_string(),
+    };
+    let _ = writeln!(out, "Phase:            {phase}");
+    if let Some(d) = &r.deadline {
+        let _ = writeln!(out, "Deadline:         {d}");
+    }
+    match &r.node {
+        Some(n) => {
+            let _ = writeln!(
+                out,
+                "Node:             {} ({} install)",
+                n.name, n.install_mode
+            );
+            let _ = writeln!(out, "Active side:      {}", n.active_side);
+            let _ = writeln!(
+                out,
+                "Applied:          Kubernetes {} (Machine generation {})",
+                n.applied_kubernetes_version, n.applied_generation
+            );
+            if let Some(p) = &n.previous_kubernetes_version {
+                let _ = writeln!(out, "Previous:         Kubernetes {p}");
+            }
+            let _ = writeln!(
+                out,
+                "Agent:            {}{}",
+                n.agent,
+                n.last_good_agent
+                    .as_ref()
+                    .map(|l| format!(" (last good: {l})"))
+                    .unwrap_or_default()
+            );
+        }
+        None => {
+            let _ = writeln!(out, "Node:             not joined");
+        }
+    }
+    match &r.current_operation {
+        Some(op) => {
+            let _ = writeln!(
+                out,
+                "Operation:        {} (started {}, deadline {})",
+                op.name, op.started_at, op.deadline
+            );
+        }
+        None => {
+            let _ = writeln!(out, "Operation:        none");
+        }
+    }
+    if !r.interrupted_effects.is_empty() {
+        let _ = writeln!(
+            out,
+            "Interrupted:      {} (finished by the next agent start)",
+            r.interrupted_effects.join(", ")
+        );
+    }
+    if let Some(res) = &r.last_result {
+        let _ = writeln!(
+            out,
+            "Last result:      {} {}/{}: {} ({}{})",
+            res.operation,
+            res.phase,
+            res.reason,
+            res.message,
+            res.completed_at,
+            if res.published {
+                ""
+            } else {
+                ", not yet published"
+            }
+        );
+    }
+    let _ = writeln!(out, "Recent transitions:");
+    if r.recent_transitions.is_empty() {
+        let _ = writeln!(out, "  (none)");
+    }
+    for e in &r.recent_transitions {
+        let _ = writeln!(out, "  {}", journal_line(e));
+    }
+    out
+}
+
+pub fn journal_line(e: &JournalEntry) -> String {
+    let effects = if e.effects.is_empty() {
+        String::new()
+    } else {
+        format!(" [{}]", e.effects.join(", "))
+    };
+    format!(
+        "#{} {} {} --{}--> {}{} => {}",
+        e.seq,
+        e.at.rfc3339(),
+        e.from,
+        e.input,
+        e.to,
+        effects,
+        e.outcome.as_deref().unwrap_or("interrupted")
+    )
+}

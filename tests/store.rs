@@ -1,0 +1,264 @@
+//! The SQLite store: migrations, intent/outcome, a second writer, crashes, damaged files.
+
+use flexnode::machine::effect::{OpResult, ResultReason};
+use flexnode::machine::state::OpRef;
+use flexnode::machine::{Effect, Input, NodeState, Timestamp};
+use flexnode::store::migrations::SCHEMA_VERSION;
+use flexnode::store::{Store, StoreError, StoreReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+const T: Timestamp = Timestamp::from_millis(1_785_578_400_000);
+
+fn path(dir: &tempfile::TempDir) -> std::path::PathBuf {
+    dir.path().join("flexnode/state.db")
+}
+
+#[test]
+fn creates_private_files_and_migrates_an_empty_store() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let p = path(&dir);
+    let store = Store::open(&p).expect("open");
+    let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
+    assert_eq!(mode(&p), 0o600);
+    assert_eq!(mode(p.parent().expect("dir")), 0o700);
+    let version: i64 = rusqlite::Connection::open(&p)
+        .expect("raw")
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .expect("version");
+    assert_eq!(version, SCHEMA_VERSION);
+    let mode_wal: String = rusqlite::Connection::open(&p)
+        .expect("raw")
+        .pragma_query_value(None, "journal_mode", |r| r.get(0))
+        .expect("mode");
+    assert_eq!(mode_wal, "wal");
+    assert_eq!(store.load().expect("load").state, NodeState::default());
+    drop(store);
+    // Reopening an up-to-date store changes nothing.
+    let store = Store::open(&p).expect("reopen");
+    assert_eq!(store.load().expect("load").pending, None);
+}
+
+#[test]
+fn a_second_writer_is_refused_with_a_clear_error() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let p = path(&dir);
+    let _first = Store::open(&p).expect("open");
+    let err = Store::open(&p).expect_err("second writer");
+    assert!(matches!(err, StoreError::Locked(_)), "{err}");
+    assert!(err.to_string().contains("only one writer"));
+    // Readers are fine while the writer holds the store.
+    StoreReader::open(&p).expect("reader");
+}
+
+#[test]
+fn refuses_a_directory_others_can_read() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path().join("open");
+    std::fs::create_dir(&d).expect("mkdir");
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let err = Store::open(&d.join("state.db")).expect_err("insecure");
+    assert!(matches!(err, StoreError::InsecureDirectory(_)), "{err}");
+}
+
+#[test]
+fn intent_is_kept_until_the_outcome_is_recorded() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let p = path(&dir);
+    let mut store = Store::open(&p).expect("open");
+    let from = NodeState::default();
+    let effects = vec![Effect::WipeNode];
+    let seq = store
+        .begin_step(&from, &Input::ResetRequested, &from, &effects, T)
+        .expect("intent");
+    drop(store);
+    let store = Store::open(&p).expect("reopen");
+    let loaded = store.load().expect("load");
+    let intent = loaded.pending.expect("intent survives");
+    assert_eq!((intent.seq, intent.at, intent.effects), (seq, T, effects));
+    assert_eq!(store.journal(10).expect("journal")[0].outcome, None);
+    let mut store = store;
+    store
+        .finish_step(seq, "ok", T.plus_secs(1))
+        .expect("outcome");
+    assert_eq!(store.load().expect("load").pending, None);
+    assert_eq!(
+        store.journal(10).expect("journal")[0].outcome.as_deref(),
+        Some("ok")
+    );
+}
+
+#[test]
+fn the_journal_is_append_only() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let p = path(&dir);
+    let mut store = Store::open(&p).expect("open");
+    let s = NodeState::default();
+    store
+        .begin_step(&s, &Input::Tick, &s, &[], T)
+        .expect("step");
+    drop(store);
+    let raw = rusqlite::Connection::open(&p).expect("raw");
+    assert!(raw.execute("DELETE FROM journal", []).is_err());
+    assert!(
+        raw.execute("UPDATE journal SET outcome = 'forged'", [])
+            .is_err()
+    );
+}
+
+#[test]
+fn results_wait_in_the_outbox_until_published() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = Store::open(&path(&dir)).expect("open");
+    let op = OpRef {
+        name: "op".into(),
+        uid: "u1".into(),
+    };
+    let result = OpResult {
+        reason: ResultReason::Succeeded,
+        message: "NodeReboot completed".into(),
+        started_at: T,
+        machine_generation: 3,
+    };
+    store.record_result(&op, &result, T).expect("record");
+    // The first result recorded for a UID wins.
+    let other = OpResult {
+        reason: ResultReason::ExecutionFailed,
+        ..result.clone()
+    };
+    store
+        .record_result(&op, &other, T.plus_secs(5))
+        .expect("record again");
+    let waiting = store.unpublished().expect("outbox");
+    assert_eq!(waiting.len(), 1);
+    assert_eq!(waiting[0].result, result);
+    store
+        .mark_published("u1", T.plus_secs(1))
+        .expect("published");
+    assert!(store.unpublished().expect("outbox").is_empty());
+    assert_eq!(
+        store
+            .result_for("u1")
+            .expect("get")
+            .and_then(|r| r.published_at),
+        Some(T.plus_secs(1))
+    );
+}
+
+/// The child half of `reopens_after_an_abrupt_exit_mid_transaction`: writes, then dies
+/// without committing or closing anything.
+#[test]
+fn child_dies_mid_transaction() {
+    let Ok(p) = std::env::var("FLEXNODE_TEST_CHILD_STORE") else {
+        return;
+    };
+    let mut store = Store::open(Path::new(&p)).expect("open");
+    let s = NodeState::default();
+    store
+        .begin_step(&s, &Input::Tick, &s, &[], T)
+        .expect("committed step");
+    drop(store);
+    let mut raw = rusqlite::Connection::open(&p).expect("raw");
+    let tx = raw.transaction().expect("tx");
+    tx.execute("UPDATE node SET state = 'half-written' WHERE id = 1", [])
+        .expect("write");
+    tx.execute(
+        "INSERT INTO journal (at, from_state, input, to_state, effects) VALUES (1, 'a', 'b', 'c', '[]')",
+        [],
+    )
+    .expect("write");
+    std::process::abort();
+}
+
+#[test]
+fn reopens_after_an_abrupt_exit_mid_transaction() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let p = path(&dir);
+    Store::open(&p).expect("create");
+    let status = std::process::Command::new(std::env::current_exe().expect("exe"))
+        .args([
+            "--exact",
+            "child_dies_mid_transaction",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("FLEXNODE_TEST_CHILD_STORE", &p)
+        .stderr(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("child");
+    assert!(!status.success(), "the child must die abruptly");
+    let store = Store::open(&p).expect("reopen after crash");
+    assert_eq!(store.load().expect("load").state, NodeState::default());
+    let journal = store.journal(10).expect("journal");
+    assert_eq!(journal.len(), 1, "only the committed step: {journal:?}");
+}
+
+#[test]
+fn a_file_that_is_not_a_database_is_reported_not_guessed() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let p = path(&dir);
+    std::fs::create_dir_all(p.parent().expect("dir")).expect("mkdir");
+    std::fs::set_permissions(
+        p.parent().expect("dir"),
+        std::fs::Permissions::from_mode(0o700),
+    )
+    .expect("chmod");
+    std::fs::write(&p, b"this is not sqlite, just text that happens to be here").expect("write");
+    let err = Store::open(&p).expect_err("garbage");
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+    let err = StoreReader::open(&p).expect_err("garbage");
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+    assert!(err.to_string().contains("damaged"));
+}
+
+#[test]
+fn a_truncated_store_is_reported_not_guessed() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let p = path(&dir);
+    let mut store = Store::open(&p).expect("open");
+    let s = NodeState::default();
+    for i in 0..200 {
+        store
+            .begin_step(&s, &Input::Tick, &s, &[Effect::WipeNode], T.plus_secs(i))
+            .expect("step");
+    }
+    store.checkpoint().expect("checkpoint");
+    drop(store);
+    let len = std::fs::metadata(&p).expect("stat").len();
+    assert!(len > 8192, "store too small to truncate: {len}");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .expect("open");
+    f.set_len(len / 2).expect("truncate");
+    let err = Store::open(&p).expect_err("truncated");
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+}
+
+#[test]
+fn a_state_row_that_does_not_decode_is_reported() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let p = path(&dir);
+    drop(Store::open(&p).expect("create"));
+    rusqlite::Connection::open(&p)
+        .expect("raw")
+        .execute("UPDATE node SET state = '{\"state\":\"flying\"}'", [])
+        .expect("write");
+    let store = Store::open(&p).expect("open");
+    let err = store.load().expect_err("bad state");
+    assert!(err.to_string().contains("does not decode"), "{err}");
+}
+
+#[test]
+fn a_store_from_a_newer_flexnode_is_refused() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let p = path(&dir);
+    drop(Store::open(&p).expect("create"));
+    rusqlite::Connection::open(&p)
+        .expect("raw")
+        .pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+        .expect("bump");
+    let err = Store::open(&p).expect_err("too new");
+    assert!(err.to_string().contains("newer"), "{err}");
+}
