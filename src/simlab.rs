@@ -133,7 +133,7 @@ impl SimNode {
         runner.resume().await?;
         let state = runner.state()?;
         self.stop_process();
-        Ok(Fed::Accepted(state))
+        Ok(Fed::Accepted(Box::new(state)))
     }
 
     fn died(&mut self) {

@@ -128,7 +128,7 @@ fn join_installs_starts_and_reports_ready() {
         goal: goal(1),
         agent: blue(),
     });
-    let (s, effects) = run(&NodeState::default(), &[join.clone()]);
+    let (s, effects) = run(&NodeState::default(), std::slice::from_ref(&join));
     assert!(matches!(s, NodeState::Joining { .. }));
     assert_eq!(
         names(&effects[0]),
@@ -474,7 +474,7 @@ fn crash_looping_candidate_goes_through_recovery_and_last_good_publishes_daemon_
     let recover = Input::RecoveryRequested {
         message: "upgraded daemon failed repeatedly; restored last-good agent".into(),
     };
-    let (s, e) = run(&s, &[recover.clone()]);
+    let (s, e) = run(&s, std::slice::from_ref(&recover));
     assert_eq!(names(&e[0]), ["SwitchAgent", "RestartAgent"]);
     assert_eq!(refused(&s, &recover), Refusal::NoUpgradePending);
     let (done, e) = run(&s, &[started(blue())]);

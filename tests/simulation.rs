@@ -208,27 +208,28 @@ async fn agent_reset_publishes_before_uninstalling_and_rejoin_works() {
     node.claim("x1", ClaimKind::AgentReset)
         .await
         .expect("claim");
-    let w = node.host.world();
-    let publish = w
-        .calls
-        .iter()
-        .position(|c| c == "publish_result(op-x1)")
-        .expect("published");
-    let uninstall = w
-        .calls
-        .iter()
-        .position(|c| c.starts_with("remove_unit"))
-        .expect("removed");
-    assert!(publish < uninstall);
-    assert!(w.units.is_empty(), "no unit left: {:?}", w.units.keys());
-    assert_eq!(w.current, None);
-    assert!(!w.runtime_files);
-    assert!(
-        w.machines
-            .values()
-            .all(|m| !m.running && m.kubernetes_version.is_none())
-    );
-    drop(w);
+    {
+        let w = node.host.world();
+        let publish = w
+            .calls
+            .iter()
+            .position(|c| c == "publish_result(op-x1)")
+            .expect("published");
+        let uninstall = w
+            .calls
+            .iter()
+            .position(|c| c.starts_with("remove_unit"))
+            .expect("removed");
+        assert!(publish < uninstall);
+        assert!(w.units.is_empty(), "no unit left: {:?}", w.units.keys());
+        assert_eq!(w.current, None);
+        assert!(!w.runtime_files);
+        assert!(
+            w.machines
+                .values()
+                .all(|m| !m.running && m.kubernetes_version.is_none())
+        );
+    }
     assert!(matches!(state(&mut node), NodeState::Unjoined { .. }));
     node.stop_process();
     node.join(InstallMode::Host, "edge-07")
@@ -307,10 +308,11 @@ async fn repave_rolls_back_when_the_new_side_fails_after_the_old_one_stopped() {
         })
     };
     node.feed(observe(2)).await.expect("observe");
-    let w = node.host.world();
-    assert!(w.machines[&Side::Kube1].running, "old side is back");
-    assert!(!w.machines[&Side::Kube2].running);
-    drop(w);
+    {
+        let w = node.host.world();
+        assert!(w.machines[&Side::Kube1].running, "old side is back");
+        assert!(!w.machines[&Side::Kube2].running);
+    }
     let st = state(&mut node);
     assert_eq!(st.node().map(|n| n.active), Some(Side::Kube1));
     // Fixed, the next observation repaves for real.

@@ -1,5 +1,7 @@
 //! `Machine`: the node's goal (decisions.md §1). flexnode reads `spec.kubernetes` and
 //! `metadata.generation`, and reports only through fields the upstream schema has.
+// kube's derive repeats `type_` per printer column, which this lint misreads.
+#![allow(clippy::duplicated_attributes)]
 
 use k8s_openapi::api::core::v1::Taint;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;

@@ -1,4 +1,6 @@
 //! `MachineOperation`: an imperative, one-shot node operation (domain.md §2.1).
+// kube's derive repeats `type_` per printer column, which this lint misreads.
+#![allow(clippy::duplicated_attributes)]
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
 use kube::CustomResource;

@@ -40,7 +40,7 @@ pub enum ExecError {
 /// What became of an input.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Fed {
-    Accepted(NodeState),
+    Accepted(Box<NodeState>),
     Refused(Refusal),
 }
 
@@ -109,14 +109,14 @@ where
                 .begin_step(&from, &input, &next.next, &next.effects, now)?;
             tracing::info!(from = %from, input = %input, to = %next.next, "transition");
             if next.effects.is_empty() {
-                return Ok(Fed::Accepted(next.next));
+                return Ok(Fed::Accepted(Box::new(next.next)));
             }
             let outcome = self.run_effects(&next.effects, None).await;
             let Some(report) = self.record_outcome(seq, outcome, "")? else {
                 return Err(ExecError::Crashed);
             };
             if !next.next.awaits_effects() {
-                return Ok(Fed::Accepted(next.next));
+                return Ok(Fed::Accepted(Box::new(next.next)));
             }
             input = report;
         }
@@ -131,7 +131,7 @@ where
             tracing::info!(
                 "a restart of the agent is scheduled; leaving the hand-off to the successor"
             );
-            return Ok(Fed::Accepted(self.state()?));
+            return Ok(Fed::Accepted(Box::new(self.state()?)));
         }
         self.feed(Input::DaemonStarted { running }).await
     }

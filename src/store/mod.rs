@@ -267,8 +267,11 @@ impl StoreReader {
     }
 }
 
+/// state, pending effects, their journal entry, and its time.
+type NodeRow = (String, Option<String>, Option<i64>, Option<i64>);
+
 fn load(conn: &Connection, path: &Path) -> Result<Persisted, StoreError> {
-    let row: Option<(String, Option<String>, Option<i64>, Option<i64>)> = conn
+    let row: Option<NodeRow> = conn
         .query_row(
             "SELECT n.state, n.pending, n.pending_seq, j.at FROM node n
              LEFT JOIN journal j ON j.seq = n.pending_seq WHERE n.id = 1",
