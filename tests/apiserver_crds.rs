@@ -2,67 +2,16 @@
 //! `e2e/controlplane/run`): the AKS Flex Node manifests apply unchanged, printer columns and
 //! the `spec.machineRef` field selector work. Skipped only with FLEXNODE_SKIP_CONTROLPLANE=1.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod support;
 
-struct Lab {
-    dir: PathBuf,
-}
-
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e/controlplane/run")
-}
-
-impl Lab {
-    fn up() -> Self {
-        let dir = std::env::temp_dir().join(format!("flexnode-crd-test-{}", std::process::id()));
-        let out = Command::new(script())
-            .args(["up", "--no-kcm", "--dir"])
-            .arg(&dir)
-            .output()
-            .expect("run e2e/controlplane/run up");
-        assert!(
-            out.status.success(),
-            "control plane did not come up:\n{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Self { dir }
-    }
-
-    fn kubectl(&self, args: &[&str]) -> (bool, String) {
-        let out = Command::new(script())
-            .args(["kubectl", "--dir"])
-            .arg(&self.dir)
-            .arg("--")
-            .args(args)
-            .output()
-            .expect("kubectl");
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        (out.status.success(), text)
-    }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        let _ = Command::new(script())
-            .args(["down", "--dir"])
-            .arg(&self.dir)
-            .status();
-    }
-}
+use std::path::Path;
+use support::Lab;
 
 #[test]
 fn crds_accept_the_upstream_examples_and_select_by_machine_ref() {
-    if std::env::var_os("FLEXNODE_SKIP_CONTROLPLANE").is_some() {
-        eprintln!("skipped: FLEXNODE_SKIP_CONTROLPLANE is set");
+    let Some(lab) = Lab::up_unless_skipped() else {
         return;
-    }
-    let lab = Lab::up();
+    };
     let samples = Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/samples");
     let (ok, out) = lab.kubectl(&["apply", "-f", &samples.display().to_string()]);
     assert!(ok, "{out}");

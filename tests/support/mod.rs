@@ -1,0 +1,85 @@
+//! Shared by the tests that need a real control plane.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A control plane of our own (e2e/controlplane/run), stopped when dropped.
+pub struct Lab {
+    pub dir: PathBuf,
+}
+
+pub fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e/controlplane/run")
+}
+
+impl Lab {
+    /// `None` (and a note) when FLEXNODE_SKIP_CONTROLPLANE is set; CI never sets it.
+    pub fn up_unless_skipped() -> Option<Self> {
+        if std::env::var_os("FLEXNODE_SKIP_CONTROLPLANE").is_some() {
+            eprintln!("skipped: FLEXNODE_SKIP_CONTROLPLANE is set");
+            return None;
+        }
+        Some(Self::up())
+    }
+
+    pub fn up() -> Self {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let dir = std::env::temp_dir().join(format!("flexnode-lab-{}-{n}", std::process::id()));
+        let out = Command::new(script())
+            .args(["up", "--no-kcm", "--dir"])
+            .arg(&dir)
+            .output()
+            .expect("run e2e/controlplane/run up");
+        assert!(
+            out.status.success(),
+            "control plane did not come up:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Self { dir }
+    }
+
+    /// The admin kubeconfig.
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir.join("admin.kubeconfig")
+    }
+
+    /// A client certificate for `system:flexnode:<node>` in group `flexnode:agents`.
+    pub fn node_kubeconfig(&self, node: &str) -> PathBuf {
+        let out = Command::new(script())
+            .args(["node-cert", node, "--dir"])
+            .arg(&self.dir)
+            .output()
+            .expect("node-cert");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        self.dir.join(format!("nodes/{node}.kubeconfig"))
+    }
+
+    /// The lab's kubectl with the admin kubeconfig: (success, stdout + stderr).
+    pub fn kubectl(&self, args: &[&str]) -> (bool, String) {
+        let out = Command::new(script())
+            .args(["kubectl", "--dir"])
+            .arg(&self.dir)
+            .arg("--")
+            .args(args)
+            .output()
+            .expect("kubectl");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let _ = Command::new(script())
+            .args(["down", "--dir"])
+            .arg(&self.dir)
+            .status();
+    }
+}
