@@ -7,6 +7,7 @@ pub mod cli;
 pub mod effects;
 pub mod exec;
 pub mod machine;
+pub mod reconcile;
 pub mod report;
 pub mod simlab;
 pub mod store;

@@ -97,6 +97,8 @@ pub struct World {
     pub faults: Vec<Fault>,
     /// Every call, in order, for assertions on what happened.
     pub calls: Vec<String>,
+    /// Calls that take this long (to act while an effect runs).
+    pub slow: BTreeMap<&'static str, std::time::Duration>,
 }
 
 type TimeSource = Arc<dyn Fn() -> Timestamp + Send + Sync>;
@@ -196,6 +198,13 @@ impl SimHost {
             Some(FaultKind::CrashBefore) => Err(EffectError::Crashed),
             Some(FaultKind::CrashAfter) => Ok(Some(FaultKind::CrashAfter)),
             None => Ok(None),
+        }
+    }
+
+    async fn pause(&self, call: &'static str) {
+        let delay = self.world().slow.get(call).copied();
+        if let Some(d) = delay {
+            tokio::time::sleep(d).await;
         }
     }
 
@@ -342,6 +351,7 @@ impl Systemd for SimHost {
     }
 
     async fn restart(&self, unit: &str) -> EffectResult {
+        self.pause("restart").await;
         self.run("restart", unit, |w| {
             w.stop_unit(unit);
             if unit == super::AGENT_UNIT {

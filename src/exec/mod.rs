@@ -83,6 +83,7 @@ where
     /// Feeds one input and follows it through every step whose effects it must report.
     pub async fn feed(&mut self, input: Input) -> Result<Fed, ExecError> {
         let mut input = input;
+        let mut reporting = false;
         loop {
             let persisted = self.store.load()?;
             if let Some(intent) = persisted.pending {
@@ -94,8 +95,14 @@ where
             let now = self.clock.now();
             let next = match step(&from, &input, &self.policy, now) {
                 Ok(next) => next,
+                // An outcome nobody waits for: the input that caused it was accepted.
+                Err(_) if reporting => return Ok(Fed::Accepted(Box::new(from))),
                 Err(refusal) => return Ok(Fed::Refused(refusal)),
             };
+            // Nothing happens: nothing to record (timers and re-observations are frequent).
+            if next.effects.is_empty() && next.next == from {
+                return Ok(Fed::Accepted(Box::new(from)));
+            }
             if let Input::OperationClaimed(claim) = &input {
                 self.store.record_claim(
                     &claim.op,
@@ -115,10 +122,13 @@ where
             let Some(report) = self.record_outcome(seq, outcome, "")? else {
                 return Err(ExecError::Crashed);
             };
-            if !next.next.awaits_effects() {
+            // A failure always goes back to the core (a hand-off whose restart could not be
+            // scheduled must roll back); success only where the state waits for it.
+            if !next.next.awaits_effects() && report == Input::EffectsDone {
                 return Ok(Fed::Accepted(Box::new(next.next)));
             }
             input = report;
+            reporting = true;
         }
     }
 
@@ -156,8 +166,10 @@ where
         let Some(report) = self.record_outcome(intent.seq, outcome, " (resumed)")? else {
             return Err(ExecError::Crashed);
         };
-        if state.awaits_effects() {
-            Box::pin(self.feed(report)).await?;
+        if state.awaits_effects() || report != Input::EffectsDone {
+            if let Fed::Refused(r) = Box::pin(self.feed(report)).await? {
+                tracing::debug!(refusal = %r, "outcome of a resumed step not needed");
+            }
         }
         Ok(())
     }

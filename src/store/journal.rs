@@ -49,6 +49,6 @@ impl StoreReader {
 
 impl super::Store {
     pub fn journal(&self, limit: i64) -> Result<Vec<JournalEntry>, StoreError> {
-        recent(self.conn(), limit)
+        recent(&self.conn(), limit)
     }
 }

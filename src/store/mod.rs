@@ -71,7 +71,8 @@ pub struct Intent {
 /// The single writer. Holds an exclusive lock on `<store>.lock` while open.
 #[derive(Debug)]
 pub struct Store {
-    conn: Connection,
+    /// Behind a mutex so the daemon's futures stay `Send`; one writer uses it at a time.
+    conn: std::sync::Mutex<Connection>,
     path: PathBuf,
     _lock: File,
 }
@@ -126,7 +127,7 @@ impl Store {
         conn.pragma_update(None, "foreign_keys", true)?;
         migrations::migrate(&mut conn).map_err(|e| corrupt_or(e, path))?;
         let store = Self {
-            conn,
+            conn: std::sync::Mutex::new(conn),
             path: path.into(),
             _lock: lock,
         };
@@ -140,7 +141,7 @@ impl Store {
 
     fn seed(&self) -> Result<(), StoreError> {
         let state = to_json(&NodeState::default())?;
-        self.conn.execute(
+        self.conn().execute(
             "INSERT OR IGNORE INTO node (id, state, updated_at) VALUES (1, ?1, 0)",
             params![state],
         )?;
@@ -148,7 +149,7 @@ impl Store {
     }
 
     pub fn load(&self) -> Result<Persisted, StoreError> {
-        load(&self.conn, &self.path)
+        load(&self.conn(), &self.path)
     }
 
     /// Intent: the next state, its effects and a journal entry without outcome, in one
@@ -161,9 +162,8 @@ impl Store {
         effects: &[Effect],
         now: Timestamp,
     ) -> Result<i64, StoreError> {
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let mut conn = self.conn();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let summaries: Vec<String> = effects.iter().map(ToString::to_string).collect();
         tx.execute(
             "INSERT INTO journal (at, from_state, input, to_state, effects) VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -200,9 +200,8 @@ impl Store {
         outcome: &str,
         now: Timestamp,
     ) -> Result<(), StoreError> {
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let mut conn = self.conn();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         tx.execute(
             "UPDATE journal SET outcome = ?2, outcome_at = ?3 WHERE seq = ?1 AND outcome IS NULL",
             params![seq, outcome, now.millis()],
@@ -215,13 +214,13 @@ impl Store {
         Ok(())
     }
 
-    pub(crate) fn conn(&self) -> &Connection {
-        &self.conn
+    pub(crate) fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Moves WAL content into the main file on a clean shutdown.
     pub fn checkpoint(&self) -> Result<(), StoreError> {
-        self.conn
+        self.conn()
             .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
         Ok(())
     }

@@ -122,7 +122,8 @@ impl Store {
 
     /// Results that still have to reach the API server, oldest first.
     pub fn unpublished(&self) -> Result<Vec<StoredResult>, StoreError> {
-        let mut stmt = self.conn().prepare(&format!(
+        let conn = self.conn();
+        let mut stmt = conn.prepare(&format!(
             "{SELECT} AND published_at IS NULL ORDER BY completed_at"
         ))?;
         let rows = stmt.query_map([], row)?;
@@ -130,7 +131,7 @@ impl Store {
     }
 
     pub fn last_result(&self) -> Result<Option<StoredResult>, StoreError> {
-        last_result(self.conn())
+        last_result(&self.conn())
     }
 }
 

@@ -53,7 +53,11 @@ impl Lab {
             .arg(&self.dir)
             .output()
             .expect("node-cert");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         self.dir.join(format!("nodes/{node}.kubeconfig"))
     }
 

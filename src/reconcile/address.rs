@@ -1,0 +1,162 @@
+//! Which MachineOperations are this node's, and what claiming one means (domain.md §3.1).
+
+use crate::api::machine_operation::{MachineOperation, OperationKind, OperationPhase};
+use crate::machine::input::{Claim, ClaimKind};
+use crate::machine::state::OpRef;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use std::collections::BTreeMap;
+
+/// `machineRef` names this node, or `machineSelector` matches `labels` (the Node's, or the
+/// Machine's when the Node does not exist; `None` when neither exists: not matched).
+pub fn addressed(
+    op: &MachineOperation,
+    node: &str,
+    labels: Option<&BTreeMap<String, String>>,
+) -> bool {
+    match (&op.spec.machine_ref, &op.spec.machine_selector) {
+        (Some(name), _) if !name.is_empty() => name == node,
+        (_, Some(selector)) => labels.is_some_and(|l| selector_matches(selector, l)),
+        (Some(_) | None, None) => false,
+    }
+}
+
+/// `metav1.LabelSelector` semantics: every `matchLabels` pair and every expression must hold;
+/// an empty selector matches everything.
+pub fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    let pairs = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    let exprs = selector.match_expressions.iter().flatten().all(|e| {
+        let values = e.values.as_deref().unwrap_or_default();
+        let value = labels.get(&e.key);
+        match e.operator.as_str() {
+            "In" => value.is_some_and(|v| values.contains(v)),
+            "NotIn" => value.is_none_or(|v| !values.contains(v)),
+            "Exists" => value.is_some(),
+            "DoesNotExist" => value.is_none(),
+            // An operator the API server would have rejected matches nothing.
+            _ => false,
+        }
+    });
+    pairs && exprs
+}
+
+pub fn is_terminal(op: &MachineOperation) -> bool {
+    matches!(
+        op.status.as_ref().and_then(|s| s.phase),
+        Some(OperationPhase::Complete | OperationPhase::Failed)
+    )
+}
+
+/// Handlers run only for a phase that is empty or Pending; InProgress is never re-executed
+/// from the API (an interrupted one is resumed from the store).
+pub fn is_claimable(op: &MachineOperation) -> bool {
+    matches!(
+        op.status.as_ref().and_then(|s| s.phase),
+        None | Some(OperationPhase::Pending)
+    )
+}
+
+/// The claim for an operation this agent runs; `None` for kinds meant for other controllers,
+/// which are left untouched.
+pub fn claim(op: &MachineOperation, machine_generation: i64) -> Option<Claim> {
+    let kind = match op.spec.operation_kind {
+        OperationKind::NodeReboot => ClaimKind::NodeReboot,
+        OperationKind::AgentReset => ClaimKind::AgentReset,
+        OperationKind::AgentUpgrade => ClaimKind::AgentUpgrade {
+            parameters: op.spec.parameters.clone().unwrap_or_default(),
+        },
+        OperationKind::HostReboot
+        | OperationKind::HostPowerOff
+        | OperationKind::HostPowerOn
+        | OperationKind::HostReplace => return None,
+    };
+    Some(Claim {
+        op: OpRef {
+            name: op.metadata.name.clone()?,
+            uid: op.metadata.uid.clone()?,
+        },
+        kind,
+        machine_generation,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::machine_operation::MachineOperationSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+
+    fn op(machine_ref: Option<&str>, selector: Option<LabelSelector>) -> MachineOperation {
+        let mut op = MachineOperation::new(
+            "op",
+            MachineOperationSpec {
+                machine_ref: machine_ref.map(str::to_string),
+                machine_selector: selector,
+                ..Default::default()
+            },
+        );
+        op.metadata.uid = Some("u".into());
+        op
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn machine_ref_must_name_this_node() {
+        assert!(addressed(&op(Some("edge-07"), None), "edge-07", None));
+        assert!(!addressed(&op(Some("edge-08"), None), "edge-07", None));
+        assert!(!addressed(&op(None, None), "edge-07", Some(&labels(&[]))));
+    }
+
+    #[test]
+    fn selectors_match_labels_and_expressions() {
+        let site = labels(&[("site", "flex"), ("tier", "edge")]);
+        let by_label = LabelSelector {
+            match_labels: Some(labels(&[("site", "flex")])),
+            ..Default::default()
+        };
+        assert!(addressed(
+            &op(None, Some(by_label.clone())),
+            "n",
+            Some(&site)
+        ));
+        assert!(
+            !addressed(&op(None, Some(by_label)), "n", None),
+            "no Node and no Machine"
+        );
+        let expr = |key: &str, operator: &str, values: &[&str]| LabelSelector {
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: key.into(),
+                operator: operator.into(),
+                values: Some(values.iter().map(|v| v.to_string()).collect()),
+            }]),
+            ..Default::default()
+        };
+        assert!(selector_matches(
+            &expr("tier", "In", &["edge", "core"]),
+            &site
+        ));
+        assert!(!selector_matches(&expr("tier", "NotIn", &["edge"]), &site));
+        assert!(selector_matches(&expr("zone", "DoesNotExist", &[]), &site));
+        assert!(selector_matches(&expr("site", "Exists", &[]), &site));
+        assert!(!selector_matches(&expr("site", "Bogus", &[]), &site));
+        assert!(selector_matches(&LabelSelector::default(), &site));
+    }
+
+    #[test]
+    fn other_controllers_kinds_are_not_claimed() {
+        let mut o = op(Some("n"), None);
+        o.spec.operation_kind = OperationKind::HostPowerOff;
+        assert_eq!(claim(&o, 0), None);
+        o.spec.operation_kind = OperationKind::NodeReboot;
+        assert_eq!(claim(&o, 3).map(|c| c.machine_generation), Some(3));
+    }
+}

@@ -1,0 +1,312 @@
+//! The owner task: the only code that feeds the state machine in the daemon.
+
+use super::{DELETION_TAINT, Msg, address, watch};
+use crate::api::{Machine, MachineOperation};
+use crate::effects::{Containerd, Effects, Host, Systemd};
+use crate::exec::{Clock, ExecError, Fed, Runner, SystemClock};
+use crate::machine::input::{GoalObservation, MachineObservation, NodeObservation};
+use crate::machine::state::{AgentBuild, Goal};
+use crate::machine::{Input, Refusal};
+use crate::reconcile::publisher::KubePublisher;
+use crate::store::Store;
+use k8s_openapi::api::core::v1::Node;
+use kube::Client;
+use kube::api::{Api, DeleteParams, Preconditions};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+#[derive(Clone, Debug)]
+pub struct DaemonConfig {
+    pub node_name: String,
+    pub state_path: PathBuf,
+    /// How often deadlines, TTLs, the outbox and waiting claims are looked at.
+    pub tick: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+}
+
+type KubeRunner<S, C, H> = Runner<S, C, H, KubePublisher, SystemClock>;
+
+struct Owner<S, C, H> {
+    runner: KubeRunner<S, C, H>,
+    client: Client,
+    node_name: String,
+    ops: BTreeMap<String, MachineOperation>,
+    /// `None` until the first list completed.
+    node: Option<Option<Node>>,
+    machine: Option<Option<Box<Machine>>>,
+}
+
+/// Runs the daemon until `shutdown` completes (or the task is dropped).
+pub async fn run<S, C, H>(
+    config: DaemonConfig,
+    client: Client,
+    systemd: S,
+    containerd: C,
+    host: H,
+    running: AgentBuild,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), DaemonError>
+where
+    S: Systemd,
+    C: Containerd,
+    H: Host,
+{
+    let store = Store::open(&config.state_path)?;
+    let publisher = KubePublisher::new(client.clone(), &config.node_name);
+    let effects = Effects {
+        systemd,
+        containerd,
+        host,
+        publisher,
+    };
+    let mut owner = Owner {
+        runner: Runner::new(store, effects, SystemClock),
+        client: client.clone(),
+        node_name: config.node_name.clone(),
+        ops: BTreeMap::new(),
+        node: None,
+        machine: None,
+    };
+    // Finish what a crash interrupted, publish what waits, judge a pending hand-off: before
+    // any new work is claimed.
+    owner.runner.start(running).await?;
+
+    let (tx, mut rx) = mpsc::channel(256);
+    let name = config.node_name.as_str();
+    let tasks = [
+        watch::operations(
+            Api::all(client.clone()),
+            &format!("spec.machineRef={name}"),
+            tx.clone(),
+        ),
+        watch::operations(Api::all(client.clone()), "spec.machineRef=", tx.clone()),
+        watch::node(Api::all(client.clone()), name, tx.clone()),
+        watch::machine(Api::all(client.clone()), name, tx),
+    ];
+    let _abort = AbortOnDrop(tasks.iter().map(|t| t.abort_handle()).collect());
+    let mut tick = tokio::time::interval(config.tick);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            msg = rx.recv() => match msg {
+                Some(msg) => owner.handle(msg).await?,
+                None => break,
+            },
+            _ = tick.tick() => owner.tick().await?,
+        }
+        if owner.runner.restart_requested() {
+            tracing::info!("agent restart scheduled; waiting to be replaced");
+        }
+    }
+    owner.runner.store.checkpoint()?;
+    Ok(())
+}
+
+struct AbortOnDrop(Vec<tokio::task::AbortHandle>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.abort();
+        }
+    }
+}
+
+impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
+    async fn handle(&mut self, msg: Msg) -> Result<(), DaemonError> {
+        match msg {
+            Msg::Operation(op) => {
+                if let Some(uid) = op.metadata.uid.clone() {
+                    self.ops.insert(uid, *op);
+                }
+                self.claim_waiting().await
+            }
+            Msg::OperationGone(uid) => {
+                self.ops.remove(&uid);
+                Ok(())
+            }
+            Msg::Node(node) => {
+                self.node = Some(node);
+                self.observe_goal().await?;
+                self.claim_waiting().await
+            }
+            Msg::Machine(machine) => {
+                self.machine = Some(machine);
+                self.observe_goal().await?;
+                self.claim_waiting().await
+            }
+        }
+    }
+
+    async fn tick(&mut self) -> Result<(), DaemonError> {
+        self.feed(Input::Tick).await?;
+        self.runner.flush_outbox().await?;
+        self.expire_finished().await;
+        self.observe_goal().await?;
+        self.claim_waiting().await
+    }
+
+    /// A crash (simulation only) ends the daemon like a killed process.
+    async fn feed(&mut self, input: Input) -> Result<Fed, DaemonError> {
+        if self.runner.restart_requested() {
+            // The old daemon takes no new work while its successor is on the way.
+            return Ok(Fed::Refused(Refusal::Busy {
+                phase: "HandingOff",
+                op: None,
+            }));
+        }
+        Ok(self.runner.feed(input).await?)
+    }
+
+    fn labels(&self) -> Option<BTreeMap<String, String>> {
+        match (&self.node, &self.machine) {
+            (Some(Some(node)), _) => Some(node.metadata.labels.clone().unwrap_or_default()),
+            (_, Some(Some(machine))) => Some(machine.metadata.labels.clone().unwrap_or_default()),
+            _ => None,
+        }
+    }
+
+    fn machine_generation(&self) -> i64 {
+        match &self.machine {
+            Some(Some(m)) => m.metadata.generation.unwrap_or(0),
+            _ => 0,
+        }
+    }
+
+    /// Claims this node's waiting operations, oldest first; a busy node keeps them waiting.
+    async fn claim_waiting(&mut self) -> Result<(), DaemonError> {
+        let labels = self.labels();
+        let mut waiting: Vec<MachineOperation> = self
+            .ops
+            .values()
+            .filter(|op| {
+                address::is_claimable(op)
+                    && address::addressed(op, &self.node_name, labels.as_ref())
+            })
+            .cloned()
+            .collect();
+        waiting.sort_by(|a, b| {
+            (
+                a.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                &a.metadata.name,
+            )
+                .cmp(&(
+                    b.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                    &b.metadata.name,
+                ))
+        });
+        for op in waiting {
+            let Some(claim) = address::claim(&op, self.machine_generation()) else {
+                continue; // meant for another controller
+            };
+            // A result already recorded is re-published from the outbox, never re-run.
+            if self.runner.store.result_for(&claim.op.uid)?.is_some() {
+                continue;
+            }
+            match self.feed(Input::OperationClaimed(claim)).await? {
+                Fed::Accepted(_) => {}
+                Fed::Refused(r) if r.is_transient() => break,
+                Fed::Refused(r) => tracing::debug!(refusal = %r, "operation not claimed"),
+            }
+        }
+        Ok(())
+    }
+
+    async fn observe_goal(&mut self) -> Result<(), DaemonError> {
+        let (Some(node), Some(machine)) = (&self.node, &self.machine) else {
+            return Ok(());
+        };
+        let node = match node {
+            None => NodeObservation::Absent,
+            Some(n) => NodeObservation::Present {
+                deletion_taint: has_deletion_taint(n),
+            },
+        };
+        let machine = match machine {
+            None => MachineObservation::Missing,
+            Some(m) => MachineObservation::Present(Goal {
+                generation: m.metadata.generation.unwrap_or(0),
+                kubernetes_version: m
+                    .spec
+                    .kubernetes
+                    .as_ref()
+                    .and_then(|k| k.version.clone())
+                    .unwrap_or_default(),
+            }),
+        };
+        self.feed(Input::GoalObserved(GoalObservation { node, machine }))
+            .await?;
+        Ok(())
+    }
+
+    /// Deletes finished operations whose `ttlSecondsAfterFinished` has passed.
+    async fn expire_finished(&mut self) {
+        let now = SystemClock.now();
+        let api: Api<MachineOperation> = Api::all(self.client.clone());
+        let labels = self.labels();
+        let expired: Vec<(String, String)> = self
+            .ops
+            .values()
+            .filter(|op| {
+                address::is_terminal(op) && address::addressed(op, &self.node_name, labels.as_ref())
+            })
+            .filter_map(|op| {
+                let ttl = i64::from(op.spec.ttl_seconds_after_finished?);
+                let done = op
+                    .status
+                    .as_ref()?
+                    .completed_at
+                    .as_ref()?
+                    .0
+                    .as_millisecond();
+                let id = (op.metadata.name.clone()?, op.metadata.uid.clone()?);
+                (now.millis() >= done + ttl * 1000).then_some(id)
+            })
+            .collect();
+        for (name, uid) in expired {
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(uid.clone()),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            };
+            match api.delete(&name, &dp).await {
+                Ok(_) => {
+                    tracing::info!(operation = %name, "deleted after ttlSecondsAfterFinished");
+                    self.ops.remove(&uid);
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
+                    self.ops.remove(&uid);
+                }
+                Err(e) => tracing::warn!(operation = %name, error = %e, "TTL deletion failed"),
+            }
+        }
+    }
+}
+
+fn has_deletion_taint(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|taints| {
+            taints.iter().any(|t| {
+                t.key == DELETION_TAINT
+                    && t.effect == "NoSchedule"
+                    && t.value
+                        .as_deref()
+                        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+            })
+        })
+}

@@ -1,0 +1,301 @@
+//! Status publication to the API server (domain.md §2.1, §3.1): one field manager,
+//! read-modify-write with resourceVersion (retried on conflict), an identity guard by UID on
+//! every write, `startedAt` never overwritten, and an Event per operation transition.
+
+use crate::api::machine::{Machine, MachinePhase as ApiMachinePhase};
+use crate::api::machine_operation::{MachineOperation, MachineOperationStatus, OperationPhase};
+use crate::effects::{EffectError, EffectResult, Publisher};
+use crate::machine::Timestamp;
+use crate::machine::effect::{MachinePhase, OpResult, ResultReason};
+use crate::machine::state::OpRef;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff;
+use kube::api::{Api, PostParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Client, Resource};
+
+pub const FIELD_MANAGER: &str = "flexnode";
+const CONFLICT_RETRIES: usize = 5;
+pub const MSG_GONE: &str = "MachineOperation was removed, replaced, or completed";
+
+#[derive(Clone)]
+pub struct KubePublisher {
+    client: Client,
+    node: String,
+    recorder: Recorder,
+}
+
+impl std::fmt::Debug for KubePublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubePublisher")
+            .field("node", &self.node)
+            .finish()
+    }
+}
+
+pub fn time(t: Timestamp) -> Time {
+    Time(jiff::Timestamp::from_millisecond(t.millis()).unwrap_or(jiff::Timestamp::UNIX_EPOCH))
+}
+
+fn now() -> Time {
+    Time(jiff::Timestamp::now())
+}
+
+/// API errors become effect failures with the API's own text (never parameters: status
+/// writes carry none).
+fn api_error(e: kube::Error) -> EffectError {
+    EffectError::Failed(format!("API server: {e}"))
+}
+
+fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+/// What a status write decided after reading the current object.
+enum Write<T> {
+    Put(T),
+    /// Nothing to write (vanished, replaced or already terminal).
+    Skip,
+}
+
+impl KubePublisher {
+    pub fn new(client: Client, node: &str) -> Self {
+        let reporter = Reporter {
+            controller: "flexnode".into(),
+            instance: Some(node.to_string()),
+        };
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            node: node.to_string(),
+        }
+    }
+
+    fn ops(&self) -> Api<MachineOperation> {
+        Api::all(self.client.clone())
+    }
+
+    async fn machine_generation(&self) -> Option<i64> {
+        let machines: Api<Machine> = Api::all(self.client.clone());
+        let generation = machines
+            .get_opt(&self.node)
+            .await
+            .ok()
+            .flatten()?
+            .metadata
+            .generation?;
+        (generation > 0).then_some(generation)
+    }
+
+    /// Re-reads the object, lets `edit` decide, writes with the read resourceVersion;
+    /// retries from the read on a conflict.
+    async fn write_op(
+        &self,
+        op: &OpRef,
+        edit: impl Fn(&MachineOperation) -> Write<MachineOperationStatus>,
+    ) -> EffectResult<Option<MachineOperation>> {
+        let api = self.ops();
+        let pp = PostParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        for _ in 0..CONFLICT_RETRIES {
+            let Some(mut current) = api.get_opt(&op.name).await.map_err(api_error)? else {
+                return Ok(None);
+            };
+            if current.metadata.uid.as_deref() != Some(op.uid.as_str()) {
+                return Ok(None);
+            }
+            let status = match edit(&current) {
+                Write::Skip => return Ok(None),
+                Write::Put(status) => status,
+            };
+            current.status = Some(status);
+            match api.replace_status(&op.name, &pp, &current).await {
+                Ok(written) => return Ok(Some(written)),
+                Err(e) if is_conflict(&e) => continue,
+                Err(e) => return Err(api_error(e)),
+            }
+        }
+        Err(EffectError::Failed(format!(
+            "status of {op} kept conflicting after {CONFLICT_RETRIES} attempts"
+        )))
+    }
+
+    async fn event(&self, obj: &MachineOperation, type_: EventType, reason: &str, note: &str) {
+        let ev = Event {
+            type_,
+            reason: reason.to_string(),
+            note: Some(note.to_string()),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &obj.object_ref(&())).await {
+            tracing::warn!(error = %e, "event not recorded");
+        }
+    }
+}
+
+fn completed(status: &str, reason: &str, message: &str, generation: Option<i64>) -> Condition {
+    Condition {
+        type_: "Completed".into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: message.into(),
+        observed_generation: generation,
+        last_transition_time: now(),
+    }
+}
+
+fn set_condition(conditions: &mut Option<Vec<Condition>>, c: Condition) {
+    let list = conditions.get_or_insert_with(Vec::new);
+    match list.iter_mut().find(|x| x.type_ == c.type_) {
+        Some(existing) if existing.status == c.status => {
+            let since = existing.last_transition_time.clone();
+            *existing = Condition {
+                last_transition_time: since,
+                ..c
+            };
+        }
+        Some(existing) => *existing = c,
+        None => list.push(c),
+    }
+}
+
+impl Publisher for KubePublisher {
+    async fn report_progress(&self, op: &OpRef, message: &str) -> EffectResult {
+        let generation = self.machine_generation().await;
+        let written = self
+            .write_op(op, |current| {
+                if crate::reconcile::address::is_terminal(current) {
+                    return Write::Skip;
+                }
+                let mut s = current.status.clone().unwrap_or_default();
+                s.phase = Some(OperationPhase::InProgress);
+                s.message = Some(message.to_string());
+                s.started_at = s.started_at.or_else(|| Some(now()));
+                if generation.is_some() {
+                    s.observed_machine_generation = generation;
+                }
+                set_condition(
+                    &mut s.conditions,
+                    completed("False", "InProgress", message, current.metadata.generation),
+                );
+                Write::Put(s)
+            })
+            .await?;
+        match written {
+            Some(obj) => {
+                self.event(&obj, EventType::Normal, "InProgress", message)
+                    .await;
+                Ok(())
+            }
+            // Running an operation whose object is gone or finished elsewhere is wrong.
+            None => Err(EffectError::Failed(MSG_GONE.into())),
+        }
+    }
+
+    async fn publish_result(
+        &self,
+        op: &OpRef,
+        result: &OpResult,
+        completed_at: Timestamp,
+    ) -> EffectResult {
+        let written = self
+            .write_op(op, |current| {
+                if crate::reconcile::address::is_terminal(current) {
+                    return Write::Skip;
+                }
+                let mut s = current.status.clone().unwrap_or_default();
+                let ok = result.reason == ResultReason::Succeeded;
+                s.phase = Some(if ok {
+                    OperationPhase::Complete
+                } else {
+                    OperationPhase::Failed
+                });
+                s.message = Some(result.message.clone());
+                s.started_at = s.started_at.or_else(|| Some(time(result.started_at)));
+                s.completed_at = Some(time(completed_at));
+                if result.machine_generation > 0 {
+                    s.observed_machine_generation = Some(result.machine_generation);
+                }
+                set_condition(
+                    &mut s.conditions,
+                    completed(
+                        if ok { "True" } else { "False" },
+                        result.reason.as_str(),
+                        &result.message,
+                        current.metadata.generation,
+                    ),
+                );
+                Write::Put(s)
+            })
+            .await?;
+        // A vanished, replaced or already finished object is a silent success.
+        if let Some(obj) = written {
+            let type_ = match result.reason {
+                ResultReason::Succeeded => EventType::Normal,
+                ResultReason::InvalidParameters
+                | ResultReason::ExecutionFailed
+                | ResultReason::DaemonFailed
+                | ResultReason::UnsupportedOperation => EventType::Warning,
+            };
+            self.event(&obj, type_, result.reason.as_str(), &result.message)
+                .await;
+        }
+        Ok(())
+    }
+
+    async fn report_machine(
+        &self,
+        phase: MachinePhase,
+        message: &str,
+        observed_generation: Option<i64>,
+    ) -> EffectResult {
+        let api: Api<Machine> = Api::all(self.client.clone());
+        let pp = PostParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        for _ in 0..CONFLICT_RETRIES {
+            let Some(mut m) = api.get_opt(&self.node).await.map_err(api_error)? else {
+                return Ok(());
+            };
+            let mut s = m.status.clone().unwrap_or_default();
+            s.phase = Some(match phase {
+                MachinePhase::Joining => ApiMachinePhase::Joining,
+                MachinePhase::Ready => ApiMachinePhase::Ready,
+                MachinePhase::Rebooting => ApiMachinePhase::Rebooting,
+                MachinePhase::Provisioning => ApiMachinePhase::Provisioning,
+                MachinePhase::Failed => ApiMachinePhase::Failed,
+            });
+            let (status, reason) = match phase {
+                MachinePhase::Ready => ("True", "Applied"),
+                MachinePhase::Failed => ("False", "Failed"),
+                MachinePhase::Joining | MachinePhase::Rebooting | MachinePhase::Provisioning => {
+                    ("False", "Progressing")
+                }
+            };
+            set_condition(
+                &mut s.conditions,
+                Condition {
+                    type_: "NodeUpdated".into(),
+                    status: status.into(),
+                    reason: reason.into(),
+                    message: message.into(),
+                    observed_generation: observed_generation.or(m.metadata.generation),
+                    last_transition_time: now(),
+                },
+            );
+            m.status = Some(s);
+            match api.replace_status(&self.node, &pp, &m).await {
+                Ok(_) => return Ok(()),
+                Err(e) if is_conflict(&e) => continue,
+                Err(e) => return Err(api_error(e)),
+            }
+        }
+        Err(EffectError::Failed(
+            "Machine status kept conflicting".into(),
+        ))
+    }
+}

@@ -1,0 +1,90 @@
+//! Watches feed the owner task as messages. The Node and Machine watches are narrowed to this
+//! node by field selector and report the whole (re-)listed state after every (re)connect, so a
+//! Node deleted while the agent was away is still seen as absent.
+
+use super::Msg;
+use crate::api::{Machine, MachineOperation};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::Resource;
+use kube::api::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use serde::de::DeserializeOwned;
+use std::fmt::Debug;
+use tokio::sync::mpsc::Sender;
+
+/// Watches one named object; sends `wrap(Some)` / `wrap(None)` on every change and after
+/// every re-list.
+pub fn single<K>(
+    api: Api<K>,
+    name: &str,
+    tx: Sender<Msg>,
+    wrap: fn(Option<K>) -> Msg,
+) -> tokio::task::JoinHandle<()>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    tokio::spawn(async move {
+        let mut listed: Option<K> = None;
+        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+        while let Some(event) = stream.next().await {
+            let msg = match event {
+                Ok(Event::Init) => {
+                    listed = None;
+                    continue;
+                }
+                Ok(Event::InitApply(obj)) => {
+                    listed = Some(obj);
+                    continue;
+                }
+                Ok(Event::InitDone) => wrap(listed.take()),
+                Ok(Event::Apply(obj)) => wrap(Some(obj)),
+                Ok(Event::Delete(_)) => wrap(None),
+                Err(e) => {
+                    tracing::warn!(error = %e, "watch interrupted; retrying");
+                    continue;
+                }
+            };
+            if tx.send(msg).await.is_err() {
+                return;
+            }
+        }
+    })
+}
+
+/// Watches MachineOperations selected by `fields` (server-side, via the CRD's selectable
+/// fields): `spec.machineRef=<node>` for this node's, `spec.machineRef=` for selector ones.
+pub fn operations(
+    api: Api<MachineOperation>,
+    fields: &str,
+    tx: Sender<Msg>,
+) -> tokio::task::JoinHandle<()> {
+    let config = watcher::Config::default().fields(fields);
+    tokio::spawn(async move {
+        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+        while let Some(event) = stream.next().await {
+            let msg = match event {
+                Ok(Event::Apply(op) | Event::InitApply(op)) => Msg::Operation(Box::new(op)),
+                Ok(Event::Delete(op)) => Msg::OperationGone(op.metadata.uid.unwrap_or_default()),
+                Ok(Event::Init | Event::InitDone) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "operation watch interrupted; retrying");
+                    continue;
+                }
+            };
+            if tx.send(msg).await.is_err() {
+                return;
+            }
+        }
+    })
+}
+
+pub fn node(api: Api<Node>, name: &str, tx: Sender<Msg>) -> tokio::task::JoinHandle<()> {
+    single(api, name, tx, Msg::Node)
+}
+
+pub fn machine(api: Api<Machine>, name: &str, tx: Sender<Msg>) -> tokio::task::JoinHandle<()> {
+    single(api, name, tx, |m| Msg::Machine(m.map(Box::new)))
+}

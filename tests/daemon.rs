@@ -1,0 +1,582 @@
+//! The real daemon (watches, claims, status publication, TTL) against a real kube-apiserver,
+//! with the simulated host underneath.
+
+mod support;
+
+use flexnode::api::machine::{KubernetesSpec, MachineSpec};
+use flexnode::api::machine_operation::{MachineOperationSpec, OperationKind, OperationPhase};
+use flexnode::api::{Machine, MachineOperation};
+use flexnode::effects::sim::{Build, FaultKind, SimHost};
+use flexnode::exec::Clock;
+use flexnode::machine::Timestamp;
+use flexnode::machine::state::InstallMode;
+use flexnode::reconcile::{DaemonConfig, client_from_kubeconfig};
+use flexnode::simlab::SimNode;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::Client;
+use kube::api::{Api, DeleteParams, PostParams};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use support::Lab;
+
+const SHA: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+const IMAGE: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+const URL: &str = "https://artifacts.example/flexnode-v2.tar.gz?sig=SECRETSAS";
+
+/// One node: its store, its simulated host, and its daemon task.
+struct Agent {
+    name: String,
+    store: PathBuf,
+    host: SimHost,
+    client: Client,
+    task: Option<tokio::task::JoinHandle<Result<(), flexnode::reconcile::owner::DaemonError>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Agent {
+    /// Joins (simulated host) and starts the daemon.
+    async fn join(client: &Client, name: &str, mode: InstallMode) -> Self {
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = dir.path().join("state/state.db");
+        let mut sim = SimNode::new(&store, Timestamp::from_millis(1_785_578_400_000));
+        sim.join(mode, name).await.expect("join");
+        sim.host.serve_artifact(
+            URL,
+            SHA,
+            Build {
+                version: "0.2.0".into(),
+                crashes: false,
+            },
+        );
+        sim.host.serve_image(
+            IMAGE,
+            Build {
+                version: "0.2.0".into(),
+                crashes: false,
+            },
+        );
+        // The daemon runs on the wall clock: so does the simulated host from now on.
+        let mut host = sim.host.clone();
+        host.set_time_source(|| flexnode::exec::SystemClock.now());
+        let mut agent = Self {
+            name: name.into(),
+            store,
+            host,
+            client: client.clone(),
+            task: None,
+            _dir: dir,
+        };
+        agent.start();
+        agent
+    }
+
+    /// systemd starts the agent unit: the selected build runs the daemon.
+    fn start(&mut self) {
+        let (running, _) = self.host.selected_build().expect("an agent is selected");
+        self.host.agent_started();
+        let config = DaemonConfig {
+            node_name: self.name.clone(),
+            state_path: self.store.clone(),
+            tick: Duration::from_millis(300),
+        };
+        let (client, host) = (self.client.clone(), self.host.clone());
+        self.task = Some(tokio::spawn(async move {
+            flexnode::reconcile::run(
+                config,
+                client,
+                host.clone(),
+                host.clone(),
+                host,
+                running,
+                std::future::pending(),
+            )
+            .await
+        }));
+    }
+
+    /// The process is killed (SIGKILL): no clean-up runs.
+    async fn kill(&mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+            let _ = t.await;
+        }
+    }
+
+    async fn restart(&mut self) {
+        self.kill().await;
+        self.start();
+    }
+
+    /// Fires the transient restart timer the old daemon scheduled.
+    async fn fire_restart_timer(&mut self) -> bool {
+        let timers = std::mem::take(&mut self.host.world().restart_timers);
+        if timers.is_empty() {
+            return false;
+        }
+        self.restart().await;
+        true
+    }
+
+    /// Waits for the daemon task to end by itself (a simulated crash ends it).
+    async fn wait_exit(&mut self) {
+        if let Some(t) = self.task.take() {
+            let r = tokio::time::timeout(Duration::from_secs(30), t).await;
+            assert!(r.is_ok(), "daemon did not exit");
+        }
+    }
+}
+
+async fn admin(lab: &Lab) -> Client {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    client_from_kubeconfig(&lab.kubeconfig())
+        .await
+        .expect("admin client")
+}
+
+async fn create_node_and_machine(client: &Client, name: &str, labels: &[(&str, &str)]) {
+    let labels: BTreeMap<String, String> = labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let mut node = Node::default();
+    node.metadata.name = Some(name.into());
+    node.metadata.labels = Some(labels.clone());
+    Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await
+        .expect("node");
+    let mut m = Machine::new(
+        name,
+        MachineSpec {
+            kubernetes: Some(KubernetesSpec {
+                version: Some("v1.34.2".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    );
+    m.metadata.labels = Some(labels);
+    Api::<Machine>::all(client.clone())
+        .create(&PostParams::default(), &m)
+        .await
+        .expect("machine");
+}
+
+fn spec(machine_ref: Option<&str>, kind: OperationKind) -> MachineOperationSpec {
+    MachineOperationSpec {
+        machine_ref: machine_ref.map(str::to_string),
+        operation_kind: kind,
+        ..Default::default()
+    }
+}
+
+async fn create(client: &Client, name: &str, spec: MachineOperationSpec) -> MachineOperation {
+    Api::<MachineOperation>::all(client.clone())
+        .create(&PostParams::default(), &MachineOperation::new(name, spec))
+        .await
+        .expect("create op")
+}
+
+fn upgrade(url: &str, sha: &str) -> MachineOperationSpec {
+    MachineOperationSpec {
+        parameters: Some(BTreeMap::from([
+            ("downloadURL".to_string(), url.to_string()),
+            ("sha256".to_string(), sha.to_string()),
+        ])),
+        ..spec(None, OperationKind::AgentUpgrade)
+    }
+}
+
+fn phase(op: &MachineOperation) -> Option<OperationPhase> {
+    op.status.as_ref().and_then(|s| s.phase)
+}
+
+async fn wait_for(
+    client: &Client,
+    name: &str,
+    secs: u64,
+    want: impl Fn(&MachineOperation) -> bool,
+) -> MachineOperation {
+    let api = Api::<MachineOperation>::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Ok(Some(op)) = api.get_opt(name).await {
+            if want(&op) {
+                return op;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name} never got there: {:?}",
+                op.status
+            );
+        } else {
+            assert!(Instant::now() < deadline, "{name} missing");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn wait_terminal(client: &Client, name: &str) -> MachineOperation {
+    wait_for(client, name, 60, |op| {
+        matches!(
+            phase(op),
+            Some(OperationPhase::Complete | OperationPhase::Failed)
+        )
+    })
+    .await
+}
+
+fn reason(op: &MachineOperation) -> String {
+    op.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Completed"))
+        .map(|c| format!("{}/{}", c.status, c.reason))
+        .unwrap_or_default()
+}
+
+fn results(host: &SimHost) -> usize {
+    host.world()
+        .calls
+        .iter()
+        .filter(|c| c.starts_with("restart(systemd-nspawn"))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_runs_and_publishes_operations() {
+    let Some(lab) = Lab::up_unless_skipped() else {
+        return;
+    };
+    let client = admin(&lab).await;
+    create_node_and_machine(
+        &client,
+        "edge-07",
+        &[("unbounded-cloud.io/site", "flex-site")],
+    )
+    .await;
+    let mut agent = Agent::join(&client, "edge-07", InstallMode::Host).await;
+
+    // NodeReboot addressed by name.
+    create(
+        &client,
+        "reboot-1",
+        spec(Some("edge-07"), OperationKind::NodeReboot),
+    )
+    .await;
+    let op = wait_terminal(&client, "reboot-1").await;
+    assert_eq!(phase(&op), Some(OperationPhase::Complete));
+    assert_eq!(reason(&op), "True/Succeeded");
+    let s = op.status.clone().expect("status");
+    assert_eq!(s.message.as_deref(), Some("NodeReboot completed"));
+    assert!(s.started_at.is_some() && s.completed_at.is_some());
+    assert!(s.started_at <= s.completed_at);
+    assert_eq!(s.observed_machine_generation, Some(1));
+    assert_eq!(results(&agent.host), 1);
+
+    // An Event was recorded for the operation.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let list = events.list(&Default::default()).await.expect("events");
+        let reasons: Vec<String> = list
+            .items
+            .iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("reboot-1"))
+            .filter_map(|e| e.reason.clone())
+            .collect();
+        if reasons.contains(&"Succeeded".to_string()) && reasons.contains(&"InProgress".to_string())
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "events: {reasons:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+
+    // Another node's operation and another controller's kind are left untouched.
+    create(
+        &client,
+        "reboot-other",
+        spec(Some("edge-99"), OperationKind::NodeReboot),
+    )
+    .await;
+    create(
+        &client,
+        "power-off",
+        spec(Some("edge-07"), OperationKind::HostPowerOff),
+    )
+    .await;
+
+    // A selector operation matched by the Node's labels.
+    let by_label = MachineOperationSpec {
+        machine_selector: Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([(
+                "unbounded-cloud.io/site".to_string(),
+                "flex-site".to_string(),
+            )])),
+            ..Default::default()
+        }),
+        ..spec(None, OperationKind::NodeReboot)
+    };
+    create(&client, "reboot-by-label", by_label.clone()).await;
+    assert_eq!(
+        reason(&wait_terminal(&client, "reboot-by-label").await),
+        "True/Succeeded"
+    );
+    let not_matching = MachineOperationSpec {
+        machine_selector: Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([(
+                "unbounded-cloud.io/site".to_string(),
+                "elsewhere".to_string(),
+            )])),
+            ..Default::default()
+        }),
+        ..spec(None, OperationKind::NodeReboot)
+    };
+    create(&client, "reboot-elsewhere", not_matching).await;
+
+    // Invalid parameters: InvalidParameters, nothing staged, and no secret in the message.
+    let before = agent.host.world().calls.len();
+    create(
+        &client,
+        "upgrade-bad",
+        MachineOperationSpec {
+            machine_ref: Some("edge-07".into()),
+            ..upgrade("https://user:hunter2@a.example/f.tgz?sig=SECRETSAS", SHA)
+        },
+    )
+    .await;
+    let op = wait_terminal(&client, "upgrade-bad").await;
+    assert_eq!(reason(&op), "False/InvalidParameters");
+    let msg = op.status.and_then(|s| s.message).unwrap_or_default();
+    assert!(
+        !msg.contains("hunter2") && !msg.contains("SECRETSAS"),
+        "{msg}"
+    );
+    assert!(
+        agent.host.world().calls[before..]
+            .iter()
+            .all(|c| !c.starts_with("stage")),
+        "nothing executed"
+    );
+
+    // Deleted and recreated under the same name: a new operation, run again.
+    let first = Api::<MachineOperation>::all(client.clone())
+        .get("reboot-1")
+        .await
+        .expect("get");
+    Api::<MachineOperation>::all(client.clone())
+        .delete("reboot-1", &DeleteParams::default())
+        .await
+        .expect("delete");
+    let recreated = create(
+        &client,
+        "reboot-1",
+        spec(Some("edge-07"), OperationKind::NodeReboot),
+    )
+    .await;
+    assert_ne!(first.metadata.uid, recreated.metadata.uid);
+    let op = wait_for(&client, "reboot-1", 60, |op| {
+        op.metadata.uid == recreated.metadata.uid && phase(op) == Some(OperationPhase::Complete)
+    })
+    .await;
+    assert_eq!(reason(&op), "True/Succeeded");
+    assert_eq!(
+        results(&agent.host),
+        3,
+        "three reboots ran (name, label, recreated)"
+    );
+
+    // TTL: deleted once finished for that long.
+    let ttl = MachineOperationSpec {
+        ttl_seconds_after_finished: Some(1),
+        ..spec(Some("edge-07"), OperationKind::NodeReboot)
+    };
+    create(&client, "reboot-ttl", ttl).await;
+    wait_terminal(&client, "reboot-ttl").await;
+    let api = Api::<MachineOperation>::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while api.get_opt("reboot-ttl").await.expect("get").is_some() {
+        assert!(Instant::now() < deadline, "TTL deletion did not happen");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+
+    // Untouched ones are still untouched.
+    for name in ["reboot-other", "power-off", "reboot-elsewhere"] {
+        let op = api.get(name).await.expect("get");
+        assert_eq!(op.status, None, "{name} was touched");
+    }
+    agent.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_upgrade_hands_off_in_both_install_modes() {
+    let Some(lab) = Lab::up_unless_skipped() else {
+        return;
+    };
+    let client = admin(&lab).await;
+    create_node_and_machine(&client, "host-node", &[]).await;
+    create_node_and_machine(&client, "container-node", &[]).await;
+    let mut host = Agent::join(&client, "host-node", InstallMode::Host).await;
+    let mut container = Agent::join(&client, "container-node", InstallMode::Container).await;
+
+    create(
+        &client,
+        "up-host",
+        MachineOperationSpec {
+            machine_ref: Some("host-node".into()),
+            ..upgrade(URL, SHA)
+        },
+    )
+    .await;
+    create(
+        &client,
+        "up-image",
+        MachineOperationSpec {
+            machine_ref: Some("container-node".into()),
+            ..upgrade("oci://registry.example/flexnode:v2", IMAGE)
+        },
+    )
+    .await;
+    for (agent, op) in [(&mut host, "up-host"), (&mut container, "up-image")] {
+        wait_for(&client, op, 30, |o| {
+            phase(o) == Some(OperationPhase::InProgress)
+        })
+        .await;
+        // Only the successor publishes: wait for the restart the old daemon scheduled.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !agent.fire_restart_timer().await {
+            assert!(Instant::now() < deadline, "{op}: no restart scheduled");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let done = wait_terminal(&client, op).await;
+        assert_eq!(reason(&done), "True/Succeeded", "{op}");
+        assert_eq!(
+            done.status.and_then(|s| s.message).as_deref(),
+            Some("AgentUpgrade completed")
+        );
+    }
+    // Two upgrades at once: the second waits (Pending) until the first is judged, then runs.
+    let to_host = || MachineOperationSpec {
+        machine_ref: Some("host-node".into()),
+        ..upgrade(URL, SHA)
+    };
+    create(&client, "up-a", to_host()).await;
+    create(&client, "up-b", to_host()).await;
+    wait_for(&client, "up-a", 30, |o| {
+        phase(o) == Some(OperationPhase::InProgress)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let b = Api::<MachineOperation>::all(client.clone())
+        .get("up-b")
+        .await
+        .expect("get");
+    assert_eq!(phase(&b), None, "the second upgrade must wait");
+    for op in ["up-a", "up-b"] {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !host.fire_restart_timer().await {
+            assert!(Instant::now() < deadline, "{op}: no restart scheduled");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        assert_eq!(
+            reason(&wait_terminal(&client, op).await),
+            "True/Succeeded",
+            "{op}"
+        );
+    }
+    // Scheduling the restart fails: switched back, with the fixed message.
+    host.host.inject("schedule_restart", FaultKind::Fail, 0);
+    create(&client, "up-c", to_host()).await;
+    let done = wait_terminal(&client, "up-c").await;
+    assert_eq!(reason(&done), "False/ExecutionFailed");
+    assert_eq!(
+        done.status.and_then(|s| s.message).as_deref(),
+        Some("failed to restart upgraded agent daemon")
+    );
+    host.kill().await;
+    container.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_daemon_and_an_unreachable_api_server_still_give_one_result() {
+    let Some(lab) = Lab::up_unless_skipped() else {
+        return;
+    };
+    let client = admin(&lab).await;
+    create_node_and_machine(&client, "edge-07", &[]).await;
+    let mut agent = Agent::join(&client, "edge-07", InstallMode::Host).await;
+
+    // The process dies right after restarting the machine, before recording it.
+    agent.host.inject("restart", FaultKind::CrashAfter, 0);
+    create(
+        &client,
+        "reboot-crash",
+        spec(Some("edge-07"), OperationKind::NodeReboot),
+    )
+    .await;
+    agent.wait_exit().await;
+    let op = Api::<MachineOperation>::all(client.clone())
+        .get("reboot-crash")
+        .await
+        .expect("get");
+    assert_eq!(
+        phase(&op),
+        Some(OperationPhase::InProgress),
+        "died mid-operation"
+    );
+    agent.start();
+    let op = wait_terminal(&client, "reboot-crash").await;
+    assert_eq!(reason(&op), "True/Succeeded");
+    assert_eq!(
+        results(&agent.host),
+        1,
+        "the machine restart was not repeated"
+    );
+
+    // The API server stops for 30 s while an operation runs; the result lands afterwards.
+    agent
+        .host
+        .world()
+        .slow
+        .insert("restart", Duration::from_secs(3));
+    create(
+        &client,
+        "reboot-outage",
+        spec(Some("edge-07"), OperationKind::NodeReboot),
+    )
+    .await;
+    wait_for(&client, "reboot-outage", 30, |o| {
+        phase(o) == Some(OperationPhase::InProgress)
+    })
+    .await;
+    let pid: i32 = std::fs::read_to_string(lab.dir.join("pids/kube-apiserver.pid"))
+        .expect("pid")
+        .trim()
+        .parse()
+        .expect("pid number");
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    signal("-CONT");
+    let op = wait_terminal(&client, "reboot-outage").await;
+    assert_eq!(reason(&op), "True/Succeeded");
+    assert_eq!(results(&agent.host), 2);
+    // Killed once more and restarted: nothing is run or published again.
+    agent.restart().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(results(&agent.host), 2);
+    agent.kill().await;
+}
