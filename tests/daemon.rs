@@ -37,7 +37,8 @@ struct Agent {
 
 impl Agent {
     /// Joins (simulated host) and starts the daemon.
-    async fn join(client: &Client, name: &str, mode: InstallMode) -> Self {
+    async fn join(lab: &Lab, name: &str, mode: InstallMode) -> Self {
+        let client = agent_client(lab, name).await;
         let dir = tempfile::tempdir().expect("tmp");
         let store = dir.path().join("state/state.db");
         let mut sim = SimNode::new(&store, Timestamp::from_millis(1_785_578_400_000));
@@ -64,7 +65,7 @@ impl Agent {
             name: name.into(),
             store,
             host,
-            client: client.clone(),
+            client,
             task: None,
             _dir: dir,
         };
@@ -126,6 +127,20 @@ impl Agent {
             assert!(r.is_ok(), "daemon did not exit");
         }
     }
+}
+
+/// Applies the agents' RBAC and admission policy (waiting until the policy is in force).
+fn apply_rbac(lab: &Lab) {
+    let rbac = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/rbac");
+    let (ok, out) = lab.kubectl(&["apply", "-f", &rbac.display().to_string()]);
+    assert!(ok, "{out}");
+}
+
+/// The node's own least-privilege identity (`system:flexnode:<node>`).
+async fn agent_client(lab: &Lab, node: &str) -> Client {
+    client_from_kubeconfig(&lab.node_kubeconfig(node))
+        .await
+        .expect("agent client")
 }
 
 async fn admin(lab: &Lab) -> Client {
@@ -253,6 +268,7 @@ async fn claims_runs_and_publishes_operations() {
     let Some(lab) = Lab::up_unless_skipped() else {
         return;
     };
+    apply_rbac(&lab);
     let client = admin(&lab).await;
     create_node_and_machine(
         &client,
@@ -260,7 +276,7 @@ async fn claims_runs_and_publishes_operations() {
         &[("unbounded-cloud.io/site", "flex-site")],
     )
     .await;
-    let mut agent = Agent::join(&client, "edge-07", InstallMode::Host).await;
+    let mut agent = Agent::join(&lab, "edge-07", InstallMode::Host).await;
 
     // NodeReboot addressed by name.
     create(
@@ -419,11 +435,12 @@ async fn agent_upgrade_hands_off_in_both_install_modes() {
     let Some(lab) = Lab::up_unless_skipped() else {
         return;
     };
+    apply_rbac(&lab);
     let client = admin(&lab).await;
     create_node_and_machine(&client, "host-node", &[]).await;
     create_node_and_machine(&client, "container-node", &[]).await;
-    let mut host = Agent::join(&client, "host-node", InstallMode::Host).await;
-    let mut container = Agent::join(&client, "container-node", InstallMode::Container).await;
+    let mut host = Agent::join(&lab, "host-node", InstallMode::Host).await;
+    let mut container = Agent::join(&lab, "container-node", InstallMode::Container).await;
 
     create(
         &client,
@@ -508,9 +525,10 @@ async fn a_killed_daemon_and_an_unreachable_api_server_still_give_one_result() {
     let Some(lab) = Lab::up_unless_skipped() else {
         return;
     };
+    apply_rbac(&lab);
     let client = admin(&lab).await;
     create_node_and_machine(&client, "edge-07", &[]).await;
-    let mut agent = Agent::join(&client, "edge-07", InstallMode::Host).await;
+    let mut agent = Agent::join(&lab, "edge-07", InstallMode::Host).await;
 
     // The process dies right after restarting the machine, before recording it.
     agent.host.inject("restart", FaultKind::CrashAfter, 0);
@@ -579,4 +597,64 @@ async fn a_killed_daemon_and_an_unreachable_api_server_still_give_one_result() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(results(&agent.host), 2);
     agent.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_reset_and_the_deletion_signal_reset_the_node() {
+    let Some(lab) = Lab::up_unless_skipped() else {
+        return;
+    };
+    apply_rbac(&lab);
+    let client = admin(&lab).await;
+    create_node_and_machine(&client, "edge-07", &[]).await;
+    create_node_and_machine(&client, "edge-08", &[]).await;
+    let mut reset = Agent::join(&lab, "edge-07", InstallMode::Host).await;
+    let mut deleted = Agent::join(&lab, "edge-08", InstallMode::Host).await;
+
+    // AgentReset: the result is published, then the agent uninstalls itself and stops.
+    create(
+        &client,
+        "reset-1",
+        spec(Some("edge-07"), OperationKind::AgentReset),
+    )
+    .await;
+    let op = wait_terminal(&client, "reset-1").await;
+    assert_eq!(reason(&op), "True/Succeeded");
+    assert_eq!(
+        op.status.and_then(|s| s.message).as_deref(),
+        Some("AgentReset completed")
+    );
+    reset.wait_exit().await;
+    {
+        let w = reset.host.world();
+        assert!(w.units.is_empty(), "units left: {:?}", w.units.keys());
+        assert_eq!(w.current, None);
+        assert!(!w.runtime_files);
+        assert!(w.calls.iter().any(|c| c.starts_with("remove_unit")));
+    }
+
+    // The deletion signal: taint alone waits; taint + Machine gone resets.
+    let nodes: Api<Node> = Api::all(client.clone());
+    let taint = serde_json::json!({"spec": {"taints": [{
+        "key": "kubernetes.azure.com/flex-node-deleting", "value": "true", "effect": "NoSchedule"}]}});
+    nodes
+        .patch(
+            "edge-08",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&taint),
+        )
+        .await
+        .expect("taint");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        deleted.host.world().runtime_files,
+        "a taint alone must not wipe"
+    );
+    Api::<Machine>::all(client.clone())
+        .delete("edge-08", &DeleteParams::default())
+        .await
+        .expect("delete machine");
+    deleted.wait_exit().await;
+    let w = deleted.host.world();
+    assert!(!w.runtime_files && w.units.is_empty());
 }

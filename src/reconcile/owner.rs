@@ -6,7 +6,7 @@ use crate::effects::{Containerd, Effects, Host, Systemd};
 use crate::exec::{Clock, ExecError, Fed, Runner, SystemClock};
 use crate::machine::input::{GoalObservation, MachineObservation, NodeObservation};
 use crate::machine::state::{AgentBuild, Goal};
-use crate::machine::{Input, Refusal};
+use crate::machine::{Input, NodeState, Refusal};
 use crate::reconcile::publisher::KubePublisher;
 use crate::store::Store;
 use k8s_openapi::api::core::v1::Node;
@@ -105,8 +105,10 @@ where
             },
             _ = tick.tick() => owner.tick().await?,
         }
-        if owner.runner.restart_requested() {
-            tracing::info!("agent restart scheduled; waiting to be replaced");
+        // After a reset the agent's units are gone; so is the daemon.
+        if matches!(owner.runner.state()?, NodeState::Unjoined { .. }) {
+            tracing::info!("the node was reset; the daemon stops");
+            break;
         }
     }
     owner.runner.store.checkpoint()?;
