@@ -23,7 +23,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the node agent (reconciles Machine and MachineOperations).
-    Daemon,
+    Daemon(crate::daemon_cli::DaemonArgs),
     /// Join this host to the cluster.
     Join {
         #[arg(long)]
@@ -48,10 +48,7 @@ pub enum Command {
         output: Output,
     },
     /// Create and inspect MachineOperations.
-    Op {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
+    Op(crate::opcli::OpArgs),
     /// Print the version.
     Version,
 }
@@ -93,10 +90,10 @@ pub fn run(cli: Cli) -> ExitCode {
                 Output::Yaml => yaml(&entries),
             })
         }),
-        Command::Daemon => not_yet("daemon", "the reconciler (issue #3)"),
+        Command::Daemon(args) => crate::daemon_cli::run(&cli.state, args),
         Command::Join { .. } => not_yet("join", "the host install (issue #5)"),
         Command::Reset { .. } => not_yet("reset", "the host install (issue #5)"),
-        Command::Op { .. } => not_yet("op", "the reconciler (issue #3)"),
+        Command::Op(args) => crate::opcli::run(args),
     }
 }
 

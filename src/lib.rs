@@ -4,9 +4,11 @@
 //! and API server (with a simulated host); `exec` drives the core through them.
 pub mod api;
 pub mod cli;
+pub mod daemon_cli;
 pub mod effects;
 pub mod exec;
 pub mod machine;
+pub mod opcli;
 pub mod reconcile;
 pub mod report;
 pub mod simlab;

@@ -76,7 +76,7 @@ async fn history_prints_the_whole_journal_without_secrets() {
     let out = flexnode(&["--state", &store, "history"]);
     assert!(out.status.success());
     let t = text(&out);
-    assert!(t.lines().count() >= 7, "{t}");
+    assert!(t.lines().count() >= 6, "{t}");
     assert!(t.contains("OperationClaimed(AgentUpgrade op-u1)"));
     assert!(t.contains("?<redacted>"));
     assert!(!t.contains("TOPSECRET"));
@@ -100,7 +100,7 @@ fn a_missing_store_exits_2_with_a_message() {
 
 #[test]
 fn later_subcommands_say_not_implemented_and_fail() {
-    for args in [&["daemon"][..], &["join"], &["reset"], &["op", "list"]] {
+    for args in [&["join"][..], &["reset"]] {
         let out = flexnode(args);
         assert_eq!(out.status.code(), Some(1), "{args:?}");
         assert!(String::from_utf8_lossy(&out.stderr).contains("not implemented yet"));

@@ -166,10 +166,10 @@ where
         let Some(report) = self.record_outcome(intent.seq, outcome, " (resumed)")? else {
             return Err(ExecError::Crashed);
         };
-        if state.awaits_effects() || report != Input::EffectsDone {
-            if let Fed::Refused(r) = Box::pin(self.feed(report)).await? {
-                tracing::debug!(refusal = %r, "outcome of a resumed step not needed");
-            }
+        if (state.awaits_effects() || report != Input::EffectsDone)
+            && let Fed::Refused(r) = Box::pin(self.feed(report)).await?
+        {
+            tracing::debug!(refusal = %r, "outcome of a resumed step not needed");
         }
         Ok(())
     }

@@ -17,7 +17,7 @@ pub use owner::{DaemonConfig, run};
 pub enum Msg {
     Operation(Box<MachineOperation>),
     OperationGone(String),
-    Node(Option<Node>),
+    Node(Option<Box<Node>>),
     Machine(Option<Box<Machine>>),
 }
 

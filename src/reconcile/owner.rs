@@ -41,7 +41,7 @@ struct Owner<S, C, H> {
     node_name: String,
     ops: BTreeMap<String, MachineOperation>,
     /// `None` until the first list completed.
-    node: Option<Option<Node>>,
+    node: Option<Option<Box<Node>>>,
     machine: Option<Option<Box<Machine>>>,
 }
 

@@ -82,7 +82,7 @@ pub fn operations(
 }
 
 pub fn node(api: Api<Node>, name: &str, tx: Sender<Msg>) -> tokio::task::JoinHandle<()> {
-    single(api, name, tx, Msg::Node)
+    single(api, name, tx, |n| Msg::Node(n.map(Box::new)))
 }
 
 pub fn machine(api: Api<Machine>, name: &str, tx: Sender<Msg>) -> tokio::task::JoinHandle<()> {

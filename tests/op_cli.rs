@@ -1,0 +1,418 @@
+//! `flexnode op` (the built binary) against a real kube-apiserver, with a daemon on a simulated
+//! host where an operation has to finish.
+
+mod support;
+
+use flexnode::api::Machine;
+use flexnode::api::machine::{KubernetesSpec, MachineSpec};
+use flexnode::effects::sim::{Build, SimHost};
+use flexnode::exec::Clock;
+use flexnode::machine::Timestamp;
+use flexnode::machine::state::InstallMode;
+use flexnode::reconcile::{DaemonConfig, client_from_kubeconfig};
+use flexnode::simlab::SimNode;
+use k8s_openapi::api::core::v1::Node;
+use kube::Client;
+use kube::api::{Api, PostParams};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use support::Lab;
+
+/// What the simulated host serves at `SERVED_URL`.
+const SERVED_SHA: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+const SERVED_URL: &str = "https://x.example/f.tgz";
+/// A digest nothing is served under.
+const OTHER_SHA: &str = "cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc";
+
+/// One node: its simulated host and its daemon task (the harness of tests/daemon.rs, trimmed).
+struct Agent {
+    task: Option<tokio::task::JoinHandle<Result<(), flexnode::reconcile::owner::DaemonError>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Agent {
+    /// Joins (simulated host) and starts the daemon.
+    async fn join(client: &Client, name: &str, mode: InstallMode) -> Self {
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = dir.path().join("state/state.db");
+        let mut sim = SimNode::new(&store, Timestamp::from_millis(1_785_578_400_000));
+        sim.join(mode, name).await.expect("join");
+        sim.host.serve_artifact(
+            SERVED_URL,
+            SERVED_SHA,
+            Build {
+                version: "0.2.0".into(),
+                crashes: false,
+            },
+        );
+        // The daemon runs on the wall clock: so does the simulated host from now on.
+        let mut host: SimHost = sim.host.clone();
+        host.set_time_source(|| flexnode::exec::SystemClock.now());
+        let (running, _) = host.selected_build().expect("an agent is selected");
+        host.agent_started();
+        let config = DaemonConfig {
+            node_name: name.into(),
+            state_path: store,
+            tick: Duration::from_millis(300),
+        };
+        let client = client.clone();
+        let task = tokio::spawn(async move {
+            flexnode::reconcile::run(
+                config,
+                client,
+                host.clone(),
+                host.clone(),
+                host,
+                running,
+                std::future::pending(),
+            )
+            .await
+        });
+        Self {
+            task: Some(task),
+            _dir: dir,
+        }
+    }
+
+    async fn kill(&mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+            let _ = t.await;
+        }
+    }
+}
+
+async fn create_node_and_machine(client: &Client, name: &str) {
+    let mut node = Node::default();
+    node.metadata.name = Some(name.into());
+    Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await
+        .expect("node");
+    let m = Machine::new(
+        name,
+        MachineSpec {
+            kubernetes: Some(KubernetesSpec {
+                version: Some("v1.34.2".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    );
+    Api::<Machine>::all(client.clone())
+        .create(&PostParams::default(), &m)
+        .await
+        .expect("machine");
+}
+
+/// What one `flexnode op …` run did.
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn all(&self) -> String {
+        format!("{}{}", self.stdout, self.stderr)
+    }
+}
+
+impl std::fmt::Debug for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exit {:?}\n--- stdout\n{}--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Runs `flexnode op ARGS --kubeconfig KUBECONFIG` (without blocking the daemon's runtime).
+async fn op(kubeconfig: &Path, args: &[&str]) -> Run {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_flexnode"))
+        .arg("op")
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .env_remove("KUBECONFIG")
+        .output()
+        .await
+        .expect("run flexnode");
+    Run {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn op_creates_lists_gets_and_waits() {
+    let Some(lab) = Lab::up_unless_skipped() else {
+        return;
+    };
+    let started = Instant::now();
+    let kc: PathBuf = lab.kubeconfig();
+    let kc = kc.as_path();
+    let client = client_from_kubeconfig(kc).await.expect("admin client");
+
+    // Invalid upgrade parameters: the validator's fixed message, exit 78, no secret echoed,
+    // nothing created.
+    let bad = op(
+        kc,
+        &[
+            "create",
+            "upgrade",
+            "--node",
+            "edge-07",
+            "--url",
+            "https://user:s3cr3tpw@x.example/f.tgz?sig=TOKEN123SAS",
+            "--sha256",
+            SERVED_SHA,
+        ],
+    )
+    .await;
+    assert_eq!(bad.code, Some(78), "{bad:?}");
+    assert!(
+        bad.stderr
+            .contains("parameter downloadURL must not contain credentials"),
+        "{bad:?}"
+    );
+    assert!(
+        !bad.all().contains("s3cr3tpw") && !bad.all().contains("TOKEN123SAS"),
+        "{bad:?}"
+    );
+    let bad = op(
+        kc,
+        &[
+            "create",
+            "upgrade",
+            "--node",
+            "edge-07",
+            "--image",
+            "oci://registry.example/flexnode:v2?sig=TOKEN123SAS",
+            "--digest",
+            &format!("sha256:{SERVED_SHA}"),
+        ],
+    )
+    .await;
+    assert_eq!(bad.code, Some(78), "{bad:?}");
+    assert!(!bad.all().contains("TOKEN123SAS"), "{bad:?}");
+    // Usage errors.
+    for args in [
+        &["create", "reboot"][..],
+        &["create", "reboot", "--node", "a", "--selector", "k=v"],
+        &["create", "upgrade", "--node", "a"],
+        &["create", "reboot", "--node", "a", "--sha256", SERVED_SHA],
+        &["create", "reboot", "--node", "a", "--ttl", "soon"],
+    ] {
+        let r = op(kc, args).await;
+        assert_eq!(r.code, Some(78), "{args:?}: {r:?}");
+    }
+    let empty = op(kc, &["list"]).await;
+    assert_eq!(empty.code, Some(0), "{empty:?}");
+    assert_eq!(empty.stdout, "", "nothing was created: {empty:?}");
+
+    // Created for a node without an agent: stays Pending, and get/list show it.
+    let r = op(
+        kc,
+        &[
+            "create", "reboot", "--node", "ghost-01", "--name", "r-ghost", "--ttl", "1h",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert_eq!(r.stdout, "machineoperation/r-ghost created\n");
+    let r = op(kc, &["create", "reboot", "--node", "ghost-01"]).await;
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(
+        r.stdout
+            .starts_with("machineoperation/nodereboot-ghost-01-"),
+        "{r:?}"
+    );
+    let r = op(kc, &["create", "reset", "--selector", "site=a,tier=edge"]).await;
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(
+        r.stdout.starts_with("machineoperation/agentreset-sel-"),
+        "{r:?}"
+    );
+
+    let get = op(kc, &["get", "r-ghost"]).await;
+    assert_eq!(get.code, Some(0), "{get:?}");
+    for want in [
+        "Name:       r-ghost",
+        "Machine:    ghost-01",
+        "Operation:  NodeReboot",
+        "Phase:      Pending",
+    ] {
+        assert!(get.stdout.contains(want), "{want}: {get:?}");
+    }
+    let json = op(kc, &["get", "r-ghost", "-o", "json"]).await;
+    assert_eq!(json.code, Some(0), "{json:?}");
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).expect("json");
+    assert_eq!(v["kind"], "MachineOperation");
+    assert_eq!(v["spec"]["machineRef"], "ghost-01");
+    assert_eq!(v["spec"]["ttlSecondsAfterFinished"], 3600);
+
+    // A SAS token in a valid URL is stored (the agent needs it) but never printed.
+    let r = op(
+        kc,
+        &[
+            "create",
+            "upgrade",
+            "--node",
+            "ghost-01",
+            "--name",
+            "up-ghost",
+            "--url",
+            "https://x.example/f.tgz?sig=TOKEN123SAS",
+            "--sha256",
+            &SERVED_SHA.to_uppercase(),
+        ],
+    )
+    .await;
+    assert_eq!(r.code, Some(0), "{r:?}");
+    let stored = Api::<flexnode::api::MachineOperation>::all(client.clone())
+        .get("up-ghost")
+        .await
+        .expect("get");
+    let params = stored.spec.parameters.expect("parameters");
+    assert_eq!(
+        params["downloadURL"],
+        "https://x.example/f.tgz?sig=TOKEN123SAS"
+    );
+    assert_eq!(params["sha256"], SERVED_SHA, "stored lowercase");
+    for format in ["json", "yaml", "human"] {
+        let r = op(kc, &["get", "up-ghost", "-o", format]).await;
+        assert_eq!(r.code, Some(0), "{r:?}");
+        assert!(!r.all().contains("TOKEN123SAS"), "{format}: {r:?}");
+        if format != "human" {
+            assert!(
+                r.stdout.contains("https://x.example/f.tgz?<redacted>"),
+                "{format}: {r:?}"
+            );
+        }
+    }
+
+    let list = op(kc, &["list", "--node", "ghost-01"]).await;
+    assert_eq!(list.code, Some(0), "{list:?}");
+    let lines: Vec<&str> = list.stdout.lines().collect();
+    let header: Vec<&str> = lines[0].split_whitespace().collect();
+    assert_eq!(header, ["NAME", "MACHINE", "OPERATION", "PHASE", "AGE"]);
+    assert_eq!(lines.len(), 4, "three operations for ghost-01: {list:?}");
+    let row: Vec<&str> = lines
+        .iter()
+        .find(|l| l.starts_with("r-ghost "))
+        .expect("r-ghost listed")
+        .split_whitespace()
+        .collect();
+    assert_eq!(&row[..4], ["r-ghost", "ghost-01", "NodeReboot", "Pending"]);
+    assert!(
+        !list.stdout.contains("agentreset-sel-"),
+        "the selector operation is not addressed to ghost-01: {list:?}"
+    );
+    let all = op(kc, &["list"]).await;
+    assert!(all.stdout.contains("selector:site=a,tier=edge"), "{all:?}");
+
+    // Missing object; unreachable kubeconfig.
+    let r = op(kc, &["get", "nope"]).await;
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert_eq!(r.stderr.lines().count(), 1, "{r:?}");
+    assert!(r.stderr.contains("not found"), "{r:?}");
+    let r = op(&lab.dir.join("missing.kubeconfig"), &["list"]).await;
+    assert_eq!(r.code, Some(78), "{r:?}");
+
+    // --wait gives up: exit 3.
+    let r = op(
+        kc,
+        &[
+            "create",
+            "reboot",
+            "--node",
+            "ghost-01",
+            "--name",
+            "r-timeout",
+            "--wait",
+            "--timeout",
+            "2s",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, Some(3), "{r:?}");
+    assert_eq!(
+        r.stdout, "machineoperation/r-timeout created\nPending\n",
+        "{r:?}"
+    );
+
+    // With a daemon for edge-07: reboot completes, an unservable upgrade fails.
+    create_node_and_machine(&client, "edge-07").await;
+    let mut agent = Agent::join(&client, "edge-07", InstallMode::Host).await;
+    let r = op(
+        kc,
+        &[
+            "create",
+            "reboot",
+            "--node",
+            "edge-07",
+            "--name",
+            "r-edge",
+            "--wait",
+            "--timeout",
+            "60s",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(
+        r.stdout.starts_with("machineoperation/r-edge created\n"),
+        "{r:?}"
+    );
+    assert!(
+        r.stdout.ends_with("Complete: NodeReboot completed\n"),
+        "{r:?}"
+    );
+
+    let r = op(
+        kc,
+        &[
+            "create",
+            "upgrade",
+            "--node",
+            "edge-07",
+            "--name",
+            "up-edge",
+            "--url",
+            SERVED_URL,
+            "--sha256",
+            OTHER_SHA,
+            "--wait",
+            "--timeout",
+            "60s",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert!(r.stdout.contains("\nFailed (ExecutionFailed): "), "{r:?}");
+    let list = op(kc, &["list", "--node", "edge-07"]).await;
+    let phases: Vec<Vec<&str>> = list
+        .stdout
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().take(4).collect())
+        .collect();
+    assert_eq!(
+        phases,
+        [
+            ["r-edge", "edge-07", "NodeReboot", "Complete"],
+            ["up-edge", "edge-07", "AgentUpgrade", "Failed"],
+        ],
+        "{list:?}"
+    );
+    let get = op(kc, &["get", "up-edge"]).await;
+    assert!(
+        get.stdout.contains("Reason:     ExecutionFailed"),
+        "{get:?}"
+    );
+    agent.kill().await;
+    eprintln!("op_cli: {:.1?} after the lab came up", started.elapsed());
+}
