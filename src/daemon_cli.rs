@@ -91,10 +91,12 @@ async fn simulated(state: &Path, args: &DaemonArgs) -> anyhow::Result<()> {
                 }
             }
         };
-        let stop = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let stop = async move {
             tokio::select! {
                 restarted = restart => restarted,
                 _ = tokio::signal::ctrl_c() => false,
+                _ = term.recv() => false,
             }
         };
         let (tx, rx) = tokio::sync::oneshot::channel::<bool>();

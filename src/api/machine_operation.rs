@@ -60,6 +60,11 @@ pub enum OperationKind {
     HostPowerOff,
     HostPowerOn,
     HostReplace,
+    /// A kind this version does not know (a newer upstream CRD): left untouched, never a
+    /// reason to fail the whole watch.
+    #[serde(other)]
+    #[schemars(skip)]
+    Unknown,
 }
 
 impl OperationKind {
@@ -72,6 +77,7 @@ impl OperationKind {
             Self::HostPowerOff => "HostPowerOff",
             Self::HostPowerOn => "HostPowerOn",
             Self::HostReplace => "HostReplace",
+            Self::Unknown => "Unknown",
         }
     }
 }

@@ -71,7 +71,8 @@ pub fn claim(op: &MachineOperation, machine_generation: i64) -> Option<Claim> {
         OperationKind::HostReboot
         | OperationKind::HostPowerOff
         | OperationKind::HostPowerOn
-        | OperationKind::HostReplace => return None,
+        | OperationKind::HostReplace
+        | OperationKind::Unknown => return None,
     };
     Some(Claim {
         op: OpRef {
@@ -149,6 +150,15 @@ mod tests {
         assert!(selector_matches(&expr("site", "Exists", &[]), &site));
         assert!(!selector_matches(&expr("site", "Bogus", &[]), &site));
         assert!(selector_matches(&LabelSelector::default(), &site));
+    }
+
+    #[test]
+    fn a_kind_from_a_newer_crd_is_read_and_left_alone() {
+        let json = r#"{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"MachineOperation",
+            "metadata":{"name":"x","uid":"u"},"spec":{"machineRef":"n","operationKind":"HostReimage"}}"#;
+        let op: MachineOperation = serde_json::from_str(json).expect("decodes");
+        assert_eq!(op.spec.operation_kind, OperationKind::Unknown);
+        assert_eq!(claim(&op, 0), None);
     }
 
     #[test]
