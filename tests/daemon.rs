@@ -3,184 +3,30 @@
 
 mod support;
 
-use flexnode::api::machine::{KubernetesSpec, MachineSpec};
+use flexnode::api::Machine;
+use flexnode::api::MachineOperation;
 use flexnode::api::machine_operation::{MachineOperationSpec, OperationKind, OperationPhase};
-use flexnode::api::{Machine, MachineOperation};
 use flexnode::effects::sim::{Build, FaultKind, SimHost};
-use flexnode::exec::Clock;
-use flexnode::machine::Timestamp;
 use flexnode::machine::state::InstallMode;
-use flexnode::reconcile::{DaemonConfig, client_from_kubeconfig};
-use flexnode::simlab::SimNode;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use support::Lab;
+use support::agent::{Agent, admin, apply_rbac, create_node_and_machine};
+
+fn v2() -> Build {
+    Build {
+        version: "0.2.0".into(),
+        crashes: false,
+    }
+}
 
 const SHA: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 const IMAGE: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
 const URL: &str = "https://artifacts.example/flexnode-v2.tar.gz?sig=SECRETSAS";
-
-/// One node: its store, its simulated host, and its daemon task.
-struct Agent {
-    name: String,
-    store: PathBuf,
-    host: SimHost,
-    client: Client,
-    task: Option<tokio::task::JoinHandle<Result<(), flexnode::reconcile::owner::DaemonError>>>,
-    _dir: tempfile::TempDir,
-}
-
-impl Agent {
-    /// Joins (simulated host) and starts the daemon.
-    async fn join(lab: &Lab, name: &str, mode: InstallMode) -> Self {
-        let client = agent_client(lab, name).await;
-        let dir = tempfile::tempdir().expect("tmp");
-        let store = dir.path().join("state/state.db");
-        let mut sim = SimNode::new(&store, Timestamp::from_millis(1_785_578_400_000));
-        sim.join(mode, name).await.expect("join");
-        sim.host.serve_artifact(
-            URL,
-            SHA,
-            Build {
-                version: "0.2.0".into(),
-                crashes: false,
-            },
-        );
-        sim.host.serve_image(
-            IMAGE,
-            Build {
-                version: "0.2.0".into(),
-                crashes: false,
-            },
-        );
-        // The daemon runs on the wall clock: so does the simulated host from now on.
-        let mut host = sim.host.clone();
-        host.set_time_source(|| flexnode::exec::SystemClock.now());
-        let mut agent = Self {
-            name: name.into(),
-            store,
-            host,
-            client,
-            task: None,
-            _dir: dir,
-        };
-        agent.start();
-        agent
-    }
-
-    /// systemd starts the agent unit: the selected build runs the daemon.
-    fn start(&mut self) {
-        let (running, _) = self.host.selected_build().expect("an agent is selected");
-        self.host.agent_started();
-        let config = DaemonConfig {
-            node_name: self.name.clone(),
-            state_path: self.store.clone(),
-            tick: Duration::from_millis(300),
-        };
-        let (client, host) = (self.client.clone(), self.host.clone());
-        self.task = Some(tokio::spawn(async move {
-            flexnode::reconcile::run(
-                config,
-                client,
-                host.clone(),
-                host.clone(),
-                host,
-                running,
-                std::future::pending(),
-            )
-            .await
-        }));
-    }
-
-    /// The process is killed (SIGKILL): no clean-up runs.
-    async fn kill(&mut self) {
-        if let Some(t) = self.task.take() {
-            t.abort();
-            let _ = t.await;
-        }
-    }
-
-    async fn restart(&mut self) {
-        self.kill().await;
-        self.start();
-    }
-
-    /// Fires the transient restart timer the old daemon scheduled.
-    async fn fire_restart_timer(&mut self) -> bool {
-        let timers = std::mem::take(&mut self.host.world().restart_timers);
-        if timers.is_empty() {
-            return false;
-        }
-        self.restart().await;
-        true
-    }
-
-    /// Waits for the daemon task to end by itself (a simulated crash ends it).
-    async fn wait_exit(&mut self) {
-        if let Some(t) = self.task.take() {
-            let r = tokio::time::timeout(Duration::from_secs(30), t).await;
-            assert!(r.is_ok(), "daemon did not exit");
-        }
-    }
-}
-
-/// Applies the agents' RBAC and admission policy (waiting until the policy is in force).
-fn apply_rbac(lab: &Lab) {
-    let rbac = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/rbac");
-    let (ok, out) = lab.kubectl(&["apply", "-f", &rbac.display().to_string()]);
-    assert!(ok, "{out}");
-}
-
-/// The node's own least-privilege identity (`system:flexnode:<node>`).
-async fn agent_client(lab: &Lab, node: &str) -> Client {
-    client_from_kubeconfig(&lab.node_kubeconfig(node))
-        .await
-        .expect("agent client")
-}
-
-async fn admin(lab: &Lab) -> Client {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-    client_from_kubeconfig(&lab.kubeconfig())
-        .await
-        .expect("admin client")
-}
-
-async fn create_node_and_machine(client: &Client, name: &str, labels: &[(&str, &str)]) {
-    let labels: BTreeMap<String, String> = labels
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    let mut node = Node::default();
-    node.metadata.name = Some(name.into());
-    node.metadata.labels = Some(labels.clone());
-    Api::<Node>::all(client.clone())
-        .create(&PostParams::default(), &node)
-        .await
-        .expect("node");
-    let mut m = Machine::new(
-        name,
-        MachineSpec {
-            kubernetes: Some(KubernetesSpec {
-                version: Some("v1.34.2".into()),
-                ..Default::default()
-            }),
-            ..Default::default()
-        },
-    );
-    m.metadata.labels = Some(labels);
-    Api::<Machine>::all(client.clone())
-        .create(&PostParams::default(), &m)
-        .await
-        .expect("machine");
-}
 
 fn spec(machine_ref: Option<&str>, kind: OperationKind) -> MachineOperationSpec {
     MachineOperationSpec {
@@ -441,6 +287,8 @@ async fn agent_upgrade_hands_off_in_both_install_modes() {
     create_node_and_machine(&client, "container-node", &[]).await;
     let mut host = Agent::join(&lab, "host-node", InstallMode::Host).await;
     let mut container = Agent::join(&lab, "container-node", InstallMode::Container).await;
+    host.host.serve_artifact(URL, SHA, v2());
+    container.host.serve_image(IMAGE, v2());
 
     create(
         &client,

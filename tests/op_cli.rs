@@ -3,107 +3,20 @@
 
 mod support;
 
-use flexnode::api::Machine;
-use flexnode::api::machine::{KubernetesSpec, MachineSpec};
-use flexnode::effects::sim::{Build, SimHost};
-use flexnode::exec::Clock;
-use flexnode::machine::Timestamp;
+use flexnode::effects::sim::Build;
 use flexnode::machine::state::InstallMode;
-use flexnode::reconcile::{DaemonConfig, client_from_kubeconfig};
-use flexnode::simlab::SimNode;
-use k8s_openapi::api::core::v1::Node;
-use kube::Client;
-use kube::api::{Api, PostParams};
+use flexnode::reconcile::client_from_kubeconfig;
+use kube::api::Api;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use support::Lab;
+use support::agent::{Agent, apply_rbac, create_node_and_machine};
 
 /// What the simulated host serves at `SERVED_URL`.
 const SERVED_SHA: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 const SERVED_URL: &str = "https://x.example/f.tgz";
 /// A digest nothing is served under.
 const OTHER_SHA: &str = "cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc";
-
-/// One node: its simulated host and its daemon task (the harness of tests/daemon.rs, trimmed).
-struct Agent {
-    task: Option<tokio::task::JoinHandle<Result<(), flexnode::reconcile::owner::DaemonError>>>,
-    _dir: tempfile::TempDir,
-}
-
-impl Agent {
-    /// Joins (simulated host) and starts the daemon.
-    async fn join(client: &Client, name: &str, mode: InstallMode) -> Self {
-        let dir = tempfile::tempdir().expect("tmp");
-        let store = dir.path().join("state/state.db");
-        let mut sim = SimNode::new(&store, Timestamp::from_millis(1_785_578_400_000));
-        sim.join(mode, name).await.expect("join");
-        sim.host.serve_artifact(
-            SERVED_URL,
-            SERVED_SHA,
-            Build {
-                version: "0.2.0".into(),
-                crashes: false,
-            },
-        );
-        // The daemon runs on the wall clock: so does the simulated host from now on.
-        let mut host: SimHost = sim.host.clone();
-        host.set_time_source(|| flexnode::exec::SystemClock.now());
-        let (running, _) = host.selected_build().expect("an agent is selected");
-        host.agent_started();
-        let config = DaemonConfig {
-            node_name: name.into(),
-            state_path: store,
-            tick: Duration::from_millis(300),
-        };
-        let client = client.clone();
-        let task = tokio::spawn(async move {
-            flexnode::reconcile::run(
-                config,
-                client,
-                host.clone(),
-                host.clone(),
-                host,
-                running,
-                std::future::pending(),
-            )
-            .await
-        });
-        Self {
-            task: Some(task),
-            _dir: dir,
-        }
-    }
-
-    async fn kill(&mut self) {
-        if let Some(t) = self.task.take() {
-            t.abort();
-            let _ = t.await;
-        }
-    }
-}
-
-async fn create_node_and_machine(client: &Client, name: &str) {
-    let mut node = Node::default();
-    node.metadata.name = Some(name.into());
-    Api::<Node>::all(client.clone())
-        .create(&PostParams::default(), &node)
-        .await
-        .expect("node");
-    let m = Machine::new(
-        name,
-        MachineSpec {
-            kubernetes: Some(KubernetesSpec {
-                version: Some("v1.34.2".into()),
-                ..Default::default()
-            }),
-            ..Default::default()
-        },
-    );
-    Api::<Machine>::all(client.clone())
-        .create(&PostParams::default(), &m)
-        .await
-        .expect("machine");
-}
 
 /// What one `flexnode op …` run did.
 struct Run {
@@ -345,8 +258,17 @@ async fn op_creates_lists_gets_and_waits() {
     );
 
     // With a daemon for edge-07: reboot completes, an unservable upgrade fails.
-    create_node_and_machine(&client, "edge-07").await;
-    let mut agent = Agent::join(&client, "edge-07", InstallMode::Host).await;
+    apply_rbac(&lab);
+    create_node_and_machine(&client, "edge-07", &[]).await;
+    let mut agent = Agent::join(&lab, "edge-07", InstallMode::Host).await;
+    agent.host.serve_artifact(
+        SERVED_URL,
+        SERVED_SHA,
+        Build {
+            version: "0.2.0".into(),
+            crashes: false,
+        },
+    );
     let r = op(
         kc,
         &[

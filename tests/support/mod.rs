@@ -1,6 +1,8 @@
 //! Shared by the tests that need a real control plane.
 #![allow(dead_code)]
 
+pub mod agent;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
