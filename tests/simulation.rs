@@ -335,6 +335,31 @@ async fn repave_rolls_back_when_the_new_side_fails_after_the_old_one_stopped() {
     );
 }
 
+#[tokio::test]
+async fn a_restart_that_never_comes_is_rolled_back_at_the_hand_off_deadline() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut node = joined(&dir, InstallMode::Host).await;
+    node.host.serve_artifact(URL, SHA, v2(false));
+    node.claim("u1", upgrade(URL, SHA)).await.expect("claim");
+    assert!(node.runner().expect("open").restart_requested());
+    // The timer never fires; the old daemon is still there when the deadline passes.
+    node.host.world().restart_timers.clear();
+    node.clock.advance_secs(400);
+    node.feed(Input::Tick).await.expect("tick");
+    assert_eq!(
+        results_for(&node, "u1"),
+        [(
+            ResultReason::ExecutionFailed,
+            "failed to restart upgraded agent daemon".to_string()
+        )]
+    );
+    assert_eq!(
+        node.host.world().current,
+        Some(AgentBuild::Slot { slot: Slot::Blue })
+    );
+    assert!(!node.runner().expect("open").restart_requested());
+}
+
 /// The scenarios whose every effect boundary gets a crash.
 #[derive(Clone, Copy, Debug)]
 enum Flow {

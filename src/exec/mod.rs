@@ -114,6 +114,11 @@ where
             let seq = self
                 .store
                 .begin_step(&from, &input, &next.next, &next.effects, now)?;
+            // A hand-off that ended here (e.g. its deadline rolled it back) makes this process
+            // the agent again.
+            if !next.next.awaits_successor() {
+                self.restart_requested = false;
+            }
             tracing::info!(from = %from, input = %input, to = %next.next, "transition");
             if next.effects.is_empty() {
                 return Ok(Fed::Accepted(Box::new(next.next)));

@@ -347,6 +347,23 @@ impl NodeState {
         }
     }
 
+    /// True while the next agent process, not this one, decides the operation's result.
+    pub fn awaits_successor(&self) -> bool {
+        match self {
+            Self::Upgrading { phase, .. } => match phase {
+                UpgradePhase::HandingOff => true,
+                UpgradePhase::RollingBack { restart, .. } => *restart,
+                UpgradePhase::Staging | UpgradePhase::Switching => false,
+            },
+            Self::Unjoined { .. }
+            | Self::Joining { .. }
+            | Self::Ready { .. }
+            | Self::Rebooting { .. }
+            | Self::Repaving { .. }
+            | Self::Resetting { .. } => false,
+        }
+    }
+
     /// True when the executor must report the outcome of this step's effects
     /// (`EffectsDone`/`EffectsFailed`). A hand-off instead waits for the successor daemon.
     pub fn awaits_effects(&self) -> bool {

@@ -161,8 +161,9 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
 
     /// A crash (simulation only) ends the daemon like a killed process.
     async fn feed(&mut self, input: Input) -> Result<Fed, DaemonError> {
-        if self.runner.restart_requested() {
-            // The old daemon takes no new work while its successor is on the way.
+        if self.runner.restart_requested() && input != Input::Tick {
+            // The old daemon takes no new work while its successor is on the way; it still
+            // watches the hand-off's deadline.
             return Ok(Fed::Refused(Refusal::Busy {
                 phase: "HandingOff",
                 op: None,
