@@ -3,7 +3,9 @@
 //! Kubernetes API; tests get the simulated host. Implementations are idempotent: the executor
 //! may call a method again after a crash, and it must then only finish what is missing.
 
+pub mod containerd;
 pub mod sim;
+pub mod systemd;
 
 use crate::machine::Timestamp;
 use crate::machine::effect::{MachinePhase, OpResult};

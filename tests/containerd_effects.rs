@@ -1,0 +1,538 @@
+//! The containerd effects against a real containerd 1.6 and a plain-HTTP registry on 127.0.0.1
+//! (`e2e/containerd/run`). Skipped only when FLEXNODE_SKIP_CONTAINERD is set. Needs root.
+//!
+//! What the tests check is read back independently of the code under test: chainIDs are
+//! computed here from the config in the registry's storage, and records, content and
+//! snapshots are looked up with plain gRPC calls (or `ctr`).
+
+use containerd_client::services::v1::snapshots::StatSnapshotRequest;
+use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClient;
+use containerd_client::services::v1::{
+    GetImageRequest, InfoRequest, ListImagesRequest, content_client::ContentClient,
+    images_client::ImagesClient,
+};
+use containerd_client::tonic::{Code, Request, transport::Channel};
+use flexnode::effects::containerd::{GrpcContainerd, PULLED_BY_LABEL};
+use flexnode::effects::{Containerd, EffectError};
+use flexnode::machine::validate::Sha256Hex;
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+const NS: &str = "flexnode";
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e/containerd/run")
+}
+
+fn snapshotter() -> String {
+    std::env::var("FLEXNODE_CONTAINERD_SNAPSHOTTER").unwrap_or_else(|_| "overlayfs".into())
+}
+
+/// containerd + registry of our own, stopped (and its dir removed) when dropped.
+struct Tier {
+    dir: PathBuf,
+    socket: PathBuf,
+    registry: String,
+    storage: PathBuf,
+}
+
+impl Tier {
+    fn up_unless_skipped() -> Option<Self> {
+        if std::env::var_os("FLEXNODE_SKIP_CONTAINERD").is_some() {
+            eprintln!("skipped: FLEXNODE_SKIP_CONTAINERD is set");
+            return None;
+        }
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let dir = PathBuf::from(format!("/tmp/fx-ctr-{}-{n}", std::process::id()));
+        let out = run(&["up", &dir.display().to_string()]);
+        let env = |key: &str| {
+            out.lines()
+                .find_map(|l| l.strip_prefix(&format!("{key}=")))
+                .unwrap_or_else(|| panic!("{key} missing from `up` output:\n{out}"))
+                .to_string()
+        };
+        Some(Self {
+            socket: env("CONTAINERD_SOCKET").into(),
+            registry: env("REGISTRY"),
+            storage: env("REGISTRY_STORAGE").into(),
+            dir,
+        })
+    }
+
+    /// Builds and pushes an image; returns its digest (an index digest with `index`).
+    fn image(&self, name_tag: &str, size_mb: u32, index: bool) -> Sha256Hex {
+        let dir = self.dir.display().to_string();
+        let mb = size_mb.to_string();
+        let mut args = vec!["image", &dir, name_tag, &mb];
+        if index {
+            args.push("--index");
+        }
+        let out = run(&args);
+        Sha256Hex::parse(out.trim()).unwrap_or_else(|| panic!("no digest from `image`: {out}"))
+    }
+
+    fn reference(&self, repo: &str, digest: &Sha256Hex) -> String {
+        format!("{}/{repo}@{}", self.registry, digest.oci())
+    }
+
+    fn blob_path(&self, digest: &str) -> PathBuf {
+        let hex = digest.trim_start_matches("sha256:");
+        self.storage
+            .join("docker/registry/v2/blobs/sha256")
+            .join(&hex[..2])
+            .join(hex)
+            .join("data")
+    }
+
+    fn blob_json(&self, digest: &str) -> serde_json::Value {
+        let bytes = std::fs::read(self.blob_path(digest)).expect("registry blob");
+        serde_json::from_slice(&bytes).expect("blob is JSON")
+    }
+
+    /// (manifest digest, layer digests, top chainID) computed from the registry's files.
+    fn expected_layout(&self, digest: &Sha256Hex) -> (String, Vec<String>, String) {
+        let mut manifest_digest = digest.oci();
+        let mut manifest = self.blob_json(&manifest_digest);
+        if let Some(list) = manifest.get("manifests").and_then(|m| m.as_array()) {
+            let amd64 = list
+                .iter()
+                .find(|m| m["platform"]["architecture"] == "amd64")
+                .expect("amd64 entry");
+            manifest_digest = amd64["digest"].as_str().expect("digest").to_string();
+            manifest = self.blob_json(&manifest_digest);
+        }
+        let layers = manifest["layers"]
+            .as_array()
+            .expect("layers")
+            .iter()
+            .map(|l| l["digest"].as_str().expect("digest").to_string())
+            .collect();
+        let config = self.blob_json(manifest["config"]["digest"].as_str().expect("config"));
+        let mut chain = String::new();
+        for diff_id in config["rootfs"]["diff_ids"].as_array().expect("diff_ids") {
+            let diff_id = diff_id.as_str().expect("diff id");
+            chain = if chain.is_empty() {
+                diff_id.to_string()
+            } else {
+                format!(
+                    "sha256:{}",
+                    hex::encode(Sha256::digest(format!("{chain} {diff_id}").as_bytes()))
+                )
+            };
+        }
+        (manifest_digest, layers, chain)
+    }
+
+    fn ctr(&self, args: &[&str]) -> (bool, String) {
+        let out = Command::new("ctr")
+            .arg("-a")
+            .arg(&self.socket)
+            .args(["-n", NS])
+            .args(args)
+            .output()
+            .expect("ctr");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    }
+
+    async fn agent(&self) -> GrpcContainerd {
+        GrpcContainerd::connect(&self.socket, NS)
+            .await
+            .expect("connect")
+            .with_snapshotter(&snapshotter())
+    }
+
+    async fn channel(&self) -> Channel {
+        containerd_client::connect(&self.socket)
+            .await
+            .expect("connect")
+    }
+}
+
+impl Drop for Tier {
+    fn drop(&mut self) {
+        let out = Command::new(script())
+            .args(["down", &self.dir.display().to_string()])
+            .output();
+        if let Ok(out) = out
+            && !out.status.success()
+        {
+            eprintln!("down failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+    }
+}
+
+fn run(args: &[&str]) -> String {
+    let out = Command::new(script())
+        .args(args)
+        .output()
+        .expect("run e2e/containerd/run");
+    assert!(
+        out.status.success(),
+        "e2e/containerd/run {args:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn ns<T>(msg: T) -> Request<T> {
+    let mut req = Request::new(msg);
+    req.metadata_mut()
+        .insert("containerd-namespace", NS.parse().expect("ascii"));
+    req
+}
+
+/// All image records in the namespace: (name, target digest, pulled-by label).
+async fn records(ch: &Channel) -> Vec<(String, String, Option<String>)> {
+    let mut list: Vec<_> = ImagesClient::new(ch.clone())
+        .list(ns(ListImagesRequest { filters: vec![] }))
+        .await
+        .expect("list images")
+        .into_inner()
+        .images
+        .into_iter()
+        .map(|i| {
+            (
+                i.name,
+                i.target.map(|t| t.digest).unwrap_or_default(),
+                i.labels.get(PULLED_BY_LABEL).cloned(),
+            )
+        })
+        .collect();
+    list.sort();
+    list
+}
+
+async fn snapshot_exists(ch: &Channel, key: &str) -> bool {
+    match SnapshotsClient::new(ch.clone())
+        .stat(ns(StatSnapshotRequest {
+            snapshotter: snapshotter(),
+            key: key.to_string(),
+        }))
+        .await
+    {
+        Ok(r) => {
+            let info = r.into_inner().info.expect("info");
+            assert_eq!(info.name, key);
+            true
+        }
+        Err(s) if s.code() == Code::NotFound => false,
+        Err(s) => panic!("stat snapshot: {s}"),
+    }
+}
+
+async fn content_exists(ch: &Channel, digest: &str) -> bool {
+    match ContentClient::new(ch.clone())
+        .info(ns(InfoRequest {
+            digest: digest.to_string(),
+        }))
+        .await
+    {
+        Ok(_) => true,
+        Err(s) if s.code() == Code::NotFound => false,
+        Err(s) => panic!("content info: {s}"),
+    }
+}
+
+fn failed(r: Result<(), EffectError>) -> String {
+    match r {
+        Err(EffectError::Failed(m)) => m,
+        other => panic!("expected a failure, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pull_by_digest_unpacks_is_idempotent_and_removable() {
+    let Some(tier) = Tier::up_unless_skipped() else {
+        return;
+    };
+    let digest = tier.image("e2e/agent:v1", 3, false);
+    let reference = tier.reference("e2e/agent", &digest);
+    let (manifest, layers, top_chain) = tier.expected_layout(&digest);
+    assert_eq!(manifest, digest.oci());
+    assert_eq!(layers.len(), 2);
+    let agent = tier.agent().await;
+    let ch = tier.channel().await;
+
+    assert!(!agent.image_present(&digest).await.expect("present"));
+    agent.pull(&reference, &digest).await.expect("pull");
+    assert!(agent.image_present(&digest).await.expect("present"));
+
+    // The record: named by the pinned reference, targeting the digest, labelled.
+    let got = ImagesClient::new(ch.clone())
+        .get(ns(GetImageRequest {
+            name: reference.clone(),
+        }))
+        .await
+        .expect("image record")
+        .into_inner()
+        .image
+        .expect("image");
+    let target = got.target.expect("target");
+    assert_eq!(target.digest, digest.oci());
+    assert_eq!(
+        target.media_type,
+        "application/vnd.oci.image.manifest.v1+json"
+    );
+    assert_eq!(
+        got.labels.get(PULLED_BY_LABEL).map(String::as_str),
+        Some("flexnode")
+    );
+    // Unpacked: the top chainID is a committed snapshot. The lease is gone and GC ran
+    // (synchronous lease delete), so what is left is held by the image's references alone.
+    assert!(
+        snapshot_exists(&ch, &top_chain).await,
+        "top chainID snapshot"
+    );
+    for layer in &layers {
+        assert!(content_exists(&ch, layer).await, "layer {layer} in content");
+    }
+    let (ok, leases) = tier.ctr(&["leases", "ls", "-q"]);
+    assert!(ok && leases.trim().is_empty(), "leases left: {leases}");
+    // ctr agrees the image is complete and unpacked (REF TYPE DIGEST STATUS SIZE UNPACKED).
+    let (ok, check) = tier.ctr(&["images", "check", "--snapshotter", &snapshotter()]);
+    assert!(ok, "{check}");
+    let line = check
+        .lines()
+        .find(|l| l.starts_with(&reference))
+        .unwrap_or_else(|| panic!("{check}"));
+    assert!(line.contains("complete"), "{check}");
+    assert_eq!(line.split_whitespace().last(), Some("true"), "{check}");
+
+    // Twice: same single record, nothing new, still present.
+    let before = records(&ch).await;
+    agent.pull(&reference, &digest).await.expect("second pull");
+    assert_eq!(records(&ch).await, before);
+    assert_eq!(before.len(), 1);
+    assert!(agent.image_present(&digest).await.expect("present"));
+    assert!(snapshot_exists(&ch, &top_chain).await);
+
+    // Removed: record gone, and GC took the snapshots and content with it.
+    agent.remove_agent_image(&digest).await.expect("remove");
+    assert!(!agent.image_present(&digest).await.expect("present"));
+    assert!(records(&ch).await.is_empty());
+    assert!(
+        !snapshot_exists(&ch, &top_chain).await,
+        "snapshot left after remove"
+    );
+    for layer in &layers {
+        assert!(
+            !content_exists(&ch, layer).await,
+            "layer {layer} left after remove"
+        );
+    }
+    // Removing again is a no-op.
+    agent
+        .remove_agent_image(&digest)
+        .await
+        .expect("remove again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn index_digest_unpacks_the_host_platform() {
+    let Some(tier) = Tier::up_unless_skipped() else {
+        return;
+    };
+    let digest = tier.image("e2e/multi:v1", 1, true);
+    let reference = tier.reference("e2e/multi", &digest);
+    let (manifest, layers, top_chain) = tier.expected_layout(&digest);
+    assert_ne!(manifest, digest.oci());
+    let agent = tier.agent().await.with_platform("linux", "amd64");
+    let ch = tier.channel().await;
+    agent.pull(&reference, &digest).await.expect("pull index");
+    assert!(agent.image_present(&digest).await.expect("present"));
+    assert_eq!(
+        records(&ch).await,
+        vec![(reference.clone(), digest.oci(), Some("flexnode".into()))]
+    );
+    assert!(snapshot_exists(&ch, &top_chain).await);
+    assert!(content_exists(&ch, &manifest).await);
+    for layer in &layers {
+        assert!(content_exists(&ch, layer).await);
+    }
+    // A platform the index does not have: a clear failure.
+    let riscv = tier.agent().await.with_platform("linux", "riscv64");
+    let m = failed(riscv.pull(&reference, &digest).await);
+    assert!(m.contains("no linux/riscv64 manifest"), "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_pulls_fail_clearly_and_leave_nothing() {
+    let Some(tier) = Tier::up_unless_skipped() else {
+        return;
+    };
+    let agent = tier.agent().await;
+    let ch = tier.channel().await;
+    let good = tier.image("e2e/agent:v1", 1, false);
+
+    // A digest the registry does not have.
+    let wrong = Sha256Hex::parse(&hex::encode(Sha256::digest(b"not an image"))).expect("hex");
+    let m = failed(
+        agent
+            .pull(&tier.reference("e2e/agent", &wrong), &wrong)
+            .await,
+    );
+    assert!(
+        m.contains("not found") && m.contains(&wrong.oci()) && m.contains("e2e/agent"),
+        "{m}"
+    );
+    assert!(!agent.image_present(&wrong).await.expect("present"));
+    assert!(records(&ch).await.is_empty());
+
+    // A reference pinned to another digest than the one requested.
+    let m = failed(
+        agent
+            .pull(&tier.reference("e2e/agent", &good), &wrong)
+            .await,
+    );
+    assert!(m.contains("pinned to") && m.contains("requested"), "{m}");
+    assert!(records(&ch).await.is_empty());
+
+    // A registry that serves a manifest under the wrong digest: the registry's blob store is
+    // content-addressed, so serve a manifest file with other bytes under a digest's path.
+    let tampered = tier.image("e2e/tampered:v1", 1, false);
+    let path = tier.blob_path(&tampered.oci());
+    let mut bytes = std::fs::read(&path).expect("manifest blob");
+    bytes.push(b' ');
+    std::fs::write(&path, &bytes).expect("tamper manifest");
+    let m = failed(
+        agent
+            .pull(&tier.reference("e2e/tampered", &tampered), &tampered)
+            .await,
+    );
+    assert!(m.contains("sha256 verification failed"), "{m}");
+    assert!(records(&ch).await.is_empty());
+
+    // A corrupted layer blob (same size, other bytes): refused before it is committed.
+    let corrupt = tier.image("e2e/corrupt:v1", 2, false);
+    let (_, layers, top_chain) = tier.expected_layout(&corrupt);
+    let big = &layers[1];
+    let path = tier.blob_path(big);
+    let len = std::fs::metadata(&path).expect("layer blob").len() as usize;
+    let mut junk = vec![0u8; len];
+    getrandom::fill(&mut junk).expect("random");
+    std::fs::write(&path, &junk).expect("corrupt layer");
+    let m = failed(
+        agent
+            .pull(&tier.reference("e2e/corrupt", &corrupt), &corrupt)
+            .await,
+    );
+    assert!(
+        m.contains("sha256 verification failed") && m.contains(big.as_str()),
+        "{m}"
+    );
+    assert!(!agent.image_present(&corrupt).await.expect("present"));
+    assert!(records(&ch).await.is_empty());
+    assert!(
+        !content_exists(&ch, big).await,
+        "corrupt layer was committed"
+    );
+    assert!(!snapshot_exists(&ch, &top_chain).await);
+    let (ok, leases) = tier.ctr(&["leases", "ls", "-q"]);
+    assert!(ok && leases.trim().is_empty(), "leases left: {leases}");
+
+    // Non-loopback registries need HTTPS, which is not there yet; no request is made.
+    let remote = format!("registry.example.com/agent@{}", good.oci());
+    let m = failed(agent.pull(&remote, &good).await);
+    assert!(m.contains("HTTPS registries are not supported"), "{m}");
+
+    // After all that, the good image still pulls.
+    agent
+        .pull(&tier.reference("e2e/agent", &good), &good)
+        .await
+        .expect("good pull");
+    assert!(agent.image_present(&good).await.expect("present"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn images_not_pulled_by_the_agent_are_never_removed() {
+    let Some(tier) = Tier::up_unless_skipped() else {
+        return;
+    };
+    let agent = tier.agent().await;
+    let ch = tier.channel().await;
+    let digest = tier.image("e2e/other:v1", 1, false);
+    let (_, _, top_chain) = tier.expected_layout(&digest);
+    // Someone else (an operator with ctr) pulls it, by tag.
+    let theirs = format!("{}/e2e/other:v1", tier.registry);
+    let (ok, out) = tier.ctr(&[
+        "images",
+        "pull",
+        "--plain-http",
+        "--snapshotter",
+        &snapshotter(),
+        &theirs,
+    ]);
+    assert!(ok, "ctr pull: {out}");
+    assert!(!agent.image_present(&digest).await.expect("present"));
+    let m = failed(agent.remove_agent_image(&digest).await);
+    assert!(
+        m.contains("not pulled by flexnode") && m.contains(&theirs) && m.contains("refusing"),
+        "{m}"
+    );
+    assert_eq!(
+        records(&ch).await,
+        vec![(theirs.clone(), digest.oci(), None)]
+    );
+
+    // The agent pulls the same digest: its own record beside theirs; removing it takes only
+    // the agent's record, and their image stays whole.
+    let ours = tier.reference("e2e/other", &digest);
+    agent.pull(&ours, &digest).await.expect("pull");
+    assert!(agent.image_present(&digest).await.expect("present"));
+    assert_eq!(records(&ch).await.len(), 2);
+    agent
+        .remove_agent_image(&digest)
+        .await
+        .expect("remove ours");
+    assert_eq!(
+        records(&ch).await,
+        vec![(theirs.clone(), digest.oci(), None)]
+    );
+    assert!(
+        snapshot_exists(&ch, &top_chain).await,
+        "their snapshot was removed"
+    );
+    let m = failed(agent.remove_agent_image(&digest).await);
+    assert!(m.contains("refusing"), "{m}");
+}
+
+/// Pull + unpack of a 10 MB image by digest, median of 5 (image removed between runs):
+/// `cargo test --test containerd_effects -- --ignored --nocapture measure`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "measurement"]
+async fn measure_pull_10mb() {
+    let Some(tier) = Tier::up_unless_skipped() else {
+        return;
+    };
+    let digest = tier.image("e2e/big:v1", 10, false);
+    let reference = tier.reference("e2e/big", &digest);
+    let (_, _, top_chain) = tier.expected_layout(&digest);
+    let agent = tier.agent().await;
+    let ch = tier.channel().await;
+    let mut times = Vec::new();
+    for _ in 0..5 {
+        let start = Instant::now();
+        agent.pull(&reference, &digest).await.expect("pull");
+        times.push(start.elapsed());
+        assert!(snapshot_exists(&ch, &top_chain).await);
+        agent.remove_agent_image(&digest).await.expect("remove");
+        assert!(!snapshot_exists(&ch, &top_chain).await);
+    }
+    let mut sorted = times.clone();
+    sorted.sort();
+    eprintln!(
+        "pull+unpack 10 MB by digest ({}): runs {:?}, median {:?}",
+        snapshotter(),
+        times,
+        sorted[2]
+    );
+}

@@ -1,0 +1,449 @@
+//! `DbusSystemd` against a real systemd: PID 1 of a systemd-nspawn container booted by
+//! `e2e/nspawn/run` (Debian 12, systemd 252), reached over the container's system bus socket,
+//! which the script exposes on the host. Needs root; the first run builds the rootfs (~75 s).
+//! Set `FLEXNODE_SKIP_NSPAWN=1` to skip.
+
+use flexnode::effects::systemd::{DbusSystemd, RESTART_UNIT_PREFIX};
+use flexnode::effects::{EffectError, Systemd, machine_unit};
+use flexnode::machine::Timestamp;
+use flexnode::machine::state::Side;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use zbus::proxy::CacheProperties;
+use zbus_systemd::systemd1::UnitProxy;
+
+const SLEEPER: &str = "fx-sleep.service";
+const FAILER: &str = "fx-fail.service";
+
+/// A booted container; `down` on drop.
+struct Container {
+    name: String,
+    script: PathBuf,
+    bus: String,
+    units: PathBuf,
+    boot_ms: u64,
+}
+
+impl Container {
+    fn up(name: &str) -> Self {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e/nspawn/run");
+        let out = Command::new(&script)
+            .args(["up", name])
+            .output()
+            .expect("run e2e/nspawn/run up");
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "nspawn up failed: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Constructed before the other calls, so a failure below still takes it down.
+        let mut c = Self {
+            name: name.to_string(),
+            script,
+            bus: String::new(),
+            units: PathBuf::new(),
+            boot_ms: field(&stdout, "boot_ms=")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+        };
+        c.bus = c.run(&["bus", name]);
+        c.units = PathBuf::from(c.run(&["units", name]));
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> String {
+        let out = Command::new(&self.script)
+            .args(args)
+            .output()
+            .expect("run e2e/nspawn/run");
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        let _ = Command::new(&self.script)
+            .args(["down", &self.name])
+            .status();
+    }
+}
+
+fn field<'a>(s: &'a str, key: &str) -> Option<&'a str> {
+    s.split_whitespace().find_map(|w| w.strip_prefix(key))
+}
+
+fn now() -> Timestamp {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970");
+    Timestamp::from_millis(i64::try_from(d.as_millis()).expect("ms fit i64"))
+}
+
+fn failed_message(r: Result<(), EffectError>) -> String {
+    match r {
+        Err(EffectError::Failed(m)) => m,
+        other => panic!("expected Failed, got {other:?}"),
+    }
+}
+
+async fn description(sd: &DbusSystemd, unit: &str) -> String {
+    let path = sd
+        .manager()
+        .load_unit(unit.to_string())
+        .await
+        .expect("LoadUnit");
+    let p = UnitProxy::builder(sd.manager().inner().connection())
+        .path(path)
+        .cache_properties(CacheProperties::No)
+        .build()
+        .await
+        .expect("unit proxy");
+    p.description().await.expect("Description")
+}
+
+async fn active_state(sd: &DbusSystemd, unit: &str) -> Option<String> {
+    sd.unit_state(unit)
+        .await
+        .expect("unit state")
+        .map(|s| s.active_state)
+}
+
+/// Polls `f` every 20 ms until it returns `Some`, for at most `limit`.
+async fn wait_for<T, F, Fut>(limit: Duration, mut f: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        if start.elapsed() > limit {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dbus_systemd_drives_a_real_system_manager() {
+    if std::env::var_os("FLEXNODE_SKIP_NSPAWN").is_some() {
+        eprintln!("FLEXNODE_SKIP_NSPAWN set: skipped");
+        return;
+    }
+    let c = Container::up(&format!("fxsd-{}", std::process::id()));
+    eprintln!(
+        "container {} booted in {} ms; bus {}",
+        c.name, c.boot_ms, c.bus
+    );
+    let sd = DbusSystemd::at_address(&c.bus)
+        .await
+        .expect("connect to the container's systemd")
+        .with_unit_dir(&c.units)
+        .with_job_timeout(Duration::from_secs(30));
+
+    // --- write_unit, daemon_reload: atomic, 0644, picked up on reload.
+    let sleeper = |desc: &str| {
+        format!(
+            "[Unit]\nDescription={desc}\n\n[Service]\nExecStart=/bin/sleep infinity\n\n\
+             [Install]\nWantedBy=multi-user.target\n"
+        )
+    };
+    sd.write_unit(SLEEPER, &sleeper("fx sleeper v1"))
+        .await
+        .expect("write_unit");
+    let file = c.units.join(SLEEPER);
+    assert_eq!(
+        std::fs::read_to_string(&file).expect("unit file"),
+        sleeper("fx sleeper v1")
+    );
+    assert_eq!(
+        std::fs::metadata(&file).expect("stat").permissions().mode() & 0o7777,
+        0o644
+    );
+    sd.daemon_reload().await.expect("daemon_reload");
+    assert_eq!(description(&sd, SLEEPER).await, "fx sleeper v1");
+    sd.write_unit(SLEEPER, &sleeper("fx sleeper v2"))
+        .await
+        .expect("rewrite");
+    sd.daemon_reload().await.expect("daemon_reload");
+    assert_eq!(description(&sd, SLEEPER).await, "fx sleeper v2");
+    let leftovers: Vec<_> = std::fs::read_dir(&c.units)
+        .expect("ls units")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+
+    // --- start: active, active_since set to about now.
+    assert_eq!(sd.active_since(SLEEPER).await.expect("active_since"), None);
+    let before = now();
+    sd.start(SLEEPER).await.expect("start");
+    let t1 = sd
+        .active_since(SLEEPER)
+        .await
+        .expect("active_since")
+        .expect("active after start");
+    assert!(
+        t1 >= Timestamp::from_millis(before.millis() - 5) && t1 <= now(),
+        "ActiveEnterTimestamp {t1:?} not between {before:?} and now"
+    );
+    let st = sd
+        .unit_state(SLEEPER)
+        .await
+        .expect("state")
+        .expect("loaded");
+    assert_eq!(
+        (st.active_state.as_str(), st.sub_state.as_str()),
+        ("active", "running")
+    );
+    // Starting an active unit is a no-op that succeeds.
+    sd.start(SLEEPER).await.expect("start again");
+    assert_eq!(
+        sd.active_since(SLEEPER).await.expect("active_since"),
+        Some(t1)
+    );
+
+    // --- restart: active_since advances.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let rt = Instant::now();
+    sd.restart(SLEEPER).await.expect("restart");
+    let restart_ms = rt.elapsed().as_secs_f64() * 1000.0;
+    let t2 = sd
+        .active_since(SLEEPER)
+        .await
+        .expect("active_since")
+        .expect("active after restart");
+    assert!(
+        t2 > t1,
+        "restart did not advance ActiveEnterTimestamp: {t1:?} -> {t2:?}"
+    );
+    eprintln!("restart round trip: {restart_ms:.1} ms");
+
+    // --- stop: inactive; stopping again or stopping an unknown unit is fine.
+    sd.stop(SLEEPER).await.expect("stop");
+    assert_eq!(sd.active_since(SLEEPER).await.expect("active_since"), None);
+    // Inactive, or already unloaded (garbage-collected).
+    let st = active_state(&sd, SLEEPER).await;
+    assert!(matches!(st.as_deref(), None | Some("inactive")), "{st:?}");
+    sd.stop(SLEEPER).await.expect("stop again");
+    sd.stop("fx-never-existed.service")
+        .await
+        .expect("stop unknown");
+
+    // --- a failing unit: Failed naming the unit and the job result; reset_failed clears it.
+    sd.write_unit(
+        FAILER,
+        "[Unit]\nDescription=fx fails\n\n[Service]\nType=oneshot\nExecStart=/bin/false\n",
+    )
+    .await
+    .expect("write failing unit");
+    sd.daemon_reload().await.expect("daemon_reload");
+    let msg = failed_message(sd.start(FAILER).await);
+    eprintln!("failing start: {msg}");
+    assert!(
+        msg.contains(FAILER),
+        "message does not name the unit: {msg}"
+    );
+    assert!(
+        msg.contains("job failed"),
+        "message does not give the job result: {msg}"
+    );
+    assert!(
+        msg.contains("exit-code"),
+        "message does not give the service result: {msg}"
+    );
+    assert_eq!(active_state(&sd, FAILER).await.as_deref(), Some("failed"));
+    sd.reset_failed(FAILER).await.expect("reset_failed");
+    let after = active_state(&sd, FAILER).await;
+    assert!(
+        after.as_deref() != Some("failed"),
+        "still failed after reset_failed: {after:?}"
+    );
+    sd.reset_failed("fx-never-existed.service")
+        .await
+        .expect("reset_failed unknown");
+    // A unit that does not exist: Failed, naming it.
+    let msg = failed_message(sd.start("fx-missing.service").await);
+    assert!(msg.contains("fx-missing.service"), "{msg}");
+    // remove_unit: gone, and removing again is fine.
+    sd.remove_unit(FAILER).await.expect("remove_unit");
+    assert!(!c.units.join(FAILER).exists());
+    sd.remove_unit(FAILER).await.expect("remove_unit again");
+    // Paths are not unit names.
+    failed_message(sd.write_unit("../escape.service", "").await);
+
+    // --- a job that outlives the timeout: Failed, naming the unit; stop cancels it.
+    sd.write_unit(
+        "fx-slow.service",
+        "[Service]\nType=oneshot\nExecStart=/bin/sleep 30\n",
+    )
+    .await
+    .expect("write slow unit");
+    sd.daemon_reload().await.expect("daemon_reload");
+    let impatient = sd.clone().with_job_timeout(Duration::from_millis(500));
+    let msg = failed_message(impatient.start("fx-slow.service").await);
+    assert!(
+        msg.contains("fx-slow.service") && msg.contains("did not finish"),
+        "{msg}"
+    );
+    sd.stop("fx-slow.service").await.expect("stop slow unit");
+    sd.remove_unit("fx-slow.service").await.expect("remove");
+
+    // --- enable/disable: the [Install] symlink, UnitFileState, and no reload left pending.
+    let wants = c.units.join("multi-user.target.wants").join(SLEEPER);
+    sd.enable(SLEEPER).await.expect("enable");
+    assert!(
+        wants.is_symlink(),
+        "{} missing after enable",
+        wants.display()
+    );
+    let state = sd
+        .manager()
+        .get_unit_file_state(SLEEPER.to_string())
+        .await
+        .expect("UnitFileState");
+    assert_eq!(state, "enabled");
+    sd.enable(SLEEPER).await.expect("enable again");
+    sd.disable(SLEEPER).await.expect("disable");
+    assert!(
+        !wants.exists() && !wants.is_symlink(),
+        "symlink left after disable"
+    );
+    let state = sd
+        .manager()
+        .get_unit_file_state(SLEEPER.to_string())
+        .await
+        .expect("UnitFileState");
+    assert_eq!(state, "disabled");
+    sd.disable(SLEEPER).await.expect("disable again");
+    sd.disable("fx-never-existed.service")
+        .await
+        .expect("disable unknown");
+
+    // --- schedule_restart: a transient timer restarts the unit after the delay.
+    sd.start(SLEEPER).await.expect("start");
+    let t3 = sd
+        .active_since(SLEEPER)
+        .await
+        .expect("active_since")
+        .expect("active");
+    let delay_ms = 1000;
+    let scheduled = now();
+    let (timer, service) = sd
+        .schedule_restart_named(SLEEPER, delay_ms)
+        .await
+        .expect("schedule_restart");
+    assert!(
+        timer.starts_with(RESTART_UNIT_PREFIX) && timer.ends_with(".timer"),
+        "{timer}"
+    );
+    assert_eq!(
+        timer.trim_end_matches(".timer"),
+        service.trim_end_matches(".service")
+    );
+    assert_eq!(active_state(&sd, &timer).await.as_deref(), Some("active"));
+    // Not before the delay.
+    tokio::time::sleep(Duration::from_millis(delay_ms / 2)).await;
+    assert_eq!(
+        sd.active_since(SLEEPER).await.expect("active_since"),
+        Some(t3)
+    );
+    let t4 = wait_for(Duration::from_secs(10), || async {
+        sd.active_since(SLEEPER)
+            .await
+            .expect("active_since")
+            .filter(|t| *t > t3)
+    })
+    .await
+    .expect("the timer did not restart the unit within 10 s");
+    let fired_after = t4.millis() - scheduled.millis();
+    eprintln!("schedule_restart({delay_ms} ms): restarted {fired_after} ms after scheduling");
+    assert!(
+        fired_after >= i64::try_from(delay_ms).expect("small") - 5,
+        "restarted too early: {fired_after} ms"
+    );
+    assert!(fired_after <= 2000, "restarted too late: {fired_after} ms");
+    // Both transient units are collected once done.
+    let gone = wait_for(Duration::from_secs(5), || async {
+        let left = sd
+            .loaded_units_with_prefix(RESTART_UNIT_PREFIX)
+            .await
+            .expect("list units");
+        left.is_empty().then_some(())
+    })
+    .await;
+    assert!(
+        gone.is_some(),
+        "transient units not collected: {:?}",
+        sd.loaded_units_with_prefix(RESTART_UNIT_PREFIX).await
+    );
+    // The same for the trait method, on an inactive unit: it gets started.
+    sd.stop(SLEEPER).await.expect("stop");
+    sd.schedule_restart(SLEEPER, 100)
+        .await
+        .expect("schedule_restart");
+    let started = wait_for(Duration::from_secs(5), || async {
+        sd.active_since(SLEEPER).await.expect("active_since")
+    })
+    .await;
+    assert!(
+        started.is_some(),
+        "scheduled restart did not start an inactive unit"
+    );
+    sd.stop(SLEEPER).await.expect("stop");
+
+    // --- machine_status on a unit named like the nspawn machine unit.
+    let side = Side::Kube1;
+    let unit = machine_unit(side);
+    assert_eq!(unit, "systemd-nspawn@kube1.service");
+    let status = sd.machine_status(side).await.expect("machine_status");
+    assert!(!status.running && status.started_at.is_none(), "{status:?}");
+    sd.write_unit(
+        &unit,
+        "[Unit]\nDescription=fake machine kube1\n\n[Service]\nExecStart=/bin/sleep infinity\n",
+    )
+    .await
+    .expect("write machine unit");
+    sd.daemon_reload().await.expect("daemon_reload");
+    let before = now();
+    sd.start(&unit).await.expect("start machine");
+    let status = sd.machine_status(side).await.expect("machine_status");
+    assert!(status.running, "{status:?}");
+    let m1 = status.started_at.expect("started_at");
+    assert!(
+        m1.millis() >= before.millis() - 5,
+        "{m1:?} before {before:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    sd.restart(&unit).await.expect("restart machine");
+    let m2 = sd
+        .machine_status(side)
+        .await
+        .expect("machine_status")
+        .started_at
+        .expect("started_at");
+    assert!(m2 > m1, "{m1:?} -> {m2:?}");
+    assert!(
+        !sd.machine_status(Side::Kube2).await.expect("kube2").running,
+        "kube2 is not running"
+    );
+    sd.stop(&unit).await.expect("stop machine");
+    let status = sd.machine_status(side).await.expect("machine_status");
+    assert!(!status.running && status.started_at.is_none(), "{status:?}");
+
+    eprintln!(
+        "summary: boot {} ms, restart round trip {restart_ms:.1} ms, timer {delay_ms} ms fired after {fired_after} ms",
+        c.boot_ms
+    );
+}
