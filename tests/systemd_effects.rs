@@ -447,3 +447,61 @@ async fn dbus_systemd_drives_a_real_system_manager() {
         c.boot_ms
     );
 }
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Benchmark (not a timed test): `cargo test --release --test systemd_effects -- --ignored
+/// --nocapture measure`. Prints medians; docs/benchmarks.md records them.
+#[tokio::test]
+#[ignore = "benchmark: run explicitly"]
+async fn measure() {
+    let c = Container::up(&format!("fxbench-{}", std::process::id()));
+    let sd = DbusSystemd::at_address(&c.bus)
+        .await
+        .expect("connect")
+        .with_unit_dir(&c.units)
+        .with_job_timeout(Duration::from_secs(30));
+    sd.write_unit(
+        SLEEPER,
+        "[Unit]\nDescription=bench\nStartLimitIntervalSec=0\n\n[Service]\nExecStart=/bin/sleep infinity\n",
+    )
+    .await
+    .expect("write");
+    sd.daemon_reload().await.expect("reload");
+    sd.start(SLEEPER).await.expect("start");
+    let mut restarts = Vec::new();
+    for _ in 0..21 {
+        let t = Instant::now();
+        sd.restart(SLEEPER).await.expect("restart");
+        restarts.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let mut delays = Vec::new();
+    for _ in 0..5 {
+        let before = sd
+            .active_since(SLEEPER)
+            .await
+            .expect("since")
+            .expect("active");
+        let scheduled = now();
+        sd.schedule_restart(SLEEPER, 1000).await.expect("schedule");
+        let after = wait_for(Duration::from_secs(10), || async {
+            sd.active_since(SLEEPER)
+                .await
+                .expect("since")
+                .filter(|t| *t > before)
+        })
+        .await
+        .expect("restarted");
+        delays.push((after.millis() - scheduled.millis()) as f64);
+    }
+    eprintln!(
+        "container boot {} ms; restart round trip median {:.1} ms (21 runs); \
+         transient-timer restart (1000 ms) scheduled -> active median {:.0} ms (5 runs)",
+        c.boot_ms,
+        median(restarts),
+        median(delays)
+    );
+}
