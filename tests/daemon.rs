@@ -101,7 +101,7 @@ fn reason(op: &MachineOperation) -> String {
         .unwrap_or_default()
 }
 
-fn results(host: &SimHost) -> usize {
+fn machine_restarts(host: &SimHost) -> usize {
     host.world()
         .calls
         .iter()
@@ -139,7 +139,7 @@ async fn claims_runs_and_publishes_operations() {
     assert!(s.started_at.is_some() && s.completed_at.is_some());
     assert!(s.started_at <= s.completed_at);
     assert_eq!(s.observed_machine_generation, Some(1));
-    assert_eq!(results(&agent.host), 1);
+    assert_eq!(machine_restarts(&agent.host), 1);
 
     // An Event was recorded for the operation.
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
@@ -249,7 +249,7 @@ async fn claims_runs_and_publishes_operations() {
     .await;
     assert_eq!(reason(&op), "True/Succeeded");
     assert_eq!(
-        results(&agent.host),
+        machine_restarts(&agent.host),
         3,
         "three reboots ran (name, label, recreated)"
     );
@@ -260,13 +260,19 @@ async fn claims_runs_and_publishes_operations() {
         ..spec(Some("edge-07"), OperationKind::NodeReboot)
     };
     create(&client, "reboot-ttl", ttl).await;
-    wait_terminal(&client, "reboot-ttl").await;
+    // It may finish and be deleted between two polls (only finished operations are deleted):
+    // wait for the deletion, then check that it ran.
     let api = Api::<MachineOperation>::all(client.clone());
     let deadline = Instant::now() + Duration::from_secs(30);
     while api.get_opt("reboot-ttl").await.expect("get").is_some() {
         assert!(Instant::now() < deadline, "TTL deletion did not happen");
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    assert_eq!(
+        machine_restarts(&agent.host),
+        4,
+        "the TTL operation ran first"
+    );
 
     // Untouched ones are still untouched.
     for name in ["reboot-other", "power-off", "reboot-elsewhere"] {
@@ -400,7 +406,7 @@ async fn a_killed_daemon_and_an_unreachable_api_server_still_give_one_result() {
     let op = wait_terminal(&client, "reboot-crash").await;
     assert_eq!(reason(&op), "True/Succeeded");
     assert_eq!(
-        results(&agent.host),
+        machine_restarts(&agent.host),
         1,
         "the machine restart was not repeated"
     );
@@ -439,11 +445,11 @@ async fn a_killed_daemon_and_an_unreachable_api_server_still_give_one_result() {
     signal("-CONT");
     let op = wait_terminal(&client, "reboot-outage").await;
     assert_eq!(reason(&op), "True/Succeeded");
-    assert_eq!(results(&agent.host), 2);
+    assert_eq!(machine_restarts(&agent.host), 2);
     // Killed once more and restarted: nothing is run or published again.
     agent.restart().await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(results(&agent.host), 2);
+    assert_eq!(machine_restarts(&agent.host), 2);
     agent.kill().await;
 }
 

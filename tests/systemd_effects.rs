@@ -448,6 +448,206 @@ async fn dbus_systemd_drives_a_real_system_manager() {
     );
 }
 
+fn skip_nspawn() -> bool {
+    let skip = std::env::var_os("FLEXNODE_SKIP_NSPAWN").is_some();
+    if skip {
+        eprintln!("FLEXNODE_SKIP_NSPAWN set: skipped");
+    }
+    skip
+}
+
+/// Whether `pid` is a live process on the host.
+fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| {
+                !s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+            .unwrap_or(false)
+}
+
+/// The unit of the nested machine: a non-booted `systemd-nspawn` (PID 1 `sleep`) on a
+/// throwaway tmpfs root whose /usr is the container's own rootfs (bound at
+/// `/var/lib/machines/.base` by `e2e/nspawn/run`), registered with the container's machined.
+const NESTED_MACHINE_UNIT: &str = "[Unit]\nDescription=flexnode test machine %i\n\n[Service]\n\
+    Type=notify\nKillMode=mixed\nDelegate=yes\n\
+    ExecStart=/usr/bin/systemd-nspawn --quiet --keep-unit --register=yes --machine=%i \
+    --directory=/var/lib/machines/.base --volatile=yes /usr/bin/sleep infinity\n";
+
+/// machine1 against the container's machined, with a machine `kube1` that really runs: a
+/// systemd-nspawn nested in the nspawn container, started as `systemd-nspawn@kube1.service`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn machined_reports_and_terminates_a_nested_nspawn_machine() {
+    if skip_nspawn() {
+        return;
+    }
+    let t0 = Instant::now();
+    let c = Container::up(&format!("fxmd-{}", std::process::id()));
+    let sd = DbusSystemd::at_address(&c.bus)
+        .await
+        .expect("connect")
+        .with_unit_dir(&c.units)
+        .with_job_timeout(Duration::from_secs(30));
+    let side = Side::Kube1;
+    let unit = machine_unit(side);
+
+    // Nothing yet: machined lists only the host; the status falls back to the (absent) unit.
+    let list = sd.list_machines().await.expect("list_machines");
+    assert!(
+        list.iter().all(|m| m.class == "host"),
+        "unexpected machines: {list:?}"
+    );
+    assert_eq!(sd.machine("kube1").await.expect("machine"), None);
+    let status = sd.machine_status(side).await.expect("machine_status");
+    assert!(!status.running && status.started_at.is_none(), "{status:?}");
+    failed_message(sd.machine("../kube1").await.map(drop));
+
+    // Start the machine unit: nspawn registers kube1 with machined.
+    sd.write_unit(&unit, NESTED_MACHINE_UNIT)
+        .await
+        .expect("write machine unit");
+    sd.daemon_reload().await.expect("daemon_reload");
+    let before = now();
+    sd.start(&unit).await.expect("start nested machine");
+    let info = sd
+        .machine("kube1")
+        .await
+        .expect("machine")
+        .expect("machined knows kube1");
+    eprintln!("machined: {info:?}");
+    assert_eq!(info.name, "kube1");
+    assert_eq!(info.class, "container");
+    assert_eq!(info.service, "systemd-nspawn");
+    assert_eq!(info.unit, unit);
+    assert_eq!(info.state, "running");
+    assert!(info.leader > 1, "{info:?}");
+    // The leader is the machine's PID 1, `sleep`, in the container's PID namespace.
+    let comm = c.run(&[
+        "exec",
+        &c.name,
+        "cat",
+        &format!("/proc/{}/comm", info.leader),
+    ]);
+    assert_eq!(comm, "sleep");
+    let registered = info.registered_at.expect("registration time");
+    assert!(
+        registered.millis() >= before.millis() - 5 && registered <= now(),
+        "{registered:?} not between {before:?} and now"
+    );
+    let list = sd.list_machines().await.expect("list_machines");
+    let entry = list
+        .iter()
+        .find(|m| m.name == "kube1")
+        .unwrap_or_else(|| panic!("kube1 not listed: {list:?}"));
+    assert_eq!(
+        (entry.class.as_str(), entry.service.as_str()),
+        ("container", "systemd-nspawn")
+    );
+    assert!(list.iter().any(|m| m.name == ".host"), "{list:?}");
+
+    // machine_status prefers machined: its start time is the registration, not the unit's
+    // ActiveEnterTimestamp (Type=notify: the unit becomes active after nspawn registered).
+    let status = sd.machine_status(side).await.expect("machine_status");
+    assert!(status.running, "{status:?}");
+    assert_eq!(status.started_at, Some(registered));
+    let unit_since = sd
+        .active_since(&unit)
+        .await
+        .expect("active_since")
+        .expect("unit active");
+    eprintln!("registered {registered:?}, unit active since {unit_since:?}");
+    assert!(!sd.machine_status(Side::Kube2).await.expect("kube2").running);
+
+    // Terminate: machined stops the unit; the machine is gone, the unit inactive.
+    let tt = Instant::now();
+    sd.terminate_machine("kube1").await.expect("terminate");
+    let terminate_ms = tt.elapsed().as_millis();
+    assert_eq!(sd.machine("kube1").await.expect("machine"), None);
+    assert!(
+        sd.list_machines()
+            .await
+            .expect("list")
+            .iter()
+            .all(|m| m.name != "kube1")
+    );
+    let stopped = wait_for(Duration::from_secs(10), || async {
+        sd.active_since(&unit)
+            .await
+            .expect("active_since")
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert!(stopped.is_some(), "unit still active after terminate");
+    let status = sd.machine_status(side).await.expect("machine_status");
+    assert!(!status.running && status.started_at.is_none(), "{status:?}");
+    // Idempotent, and an unknown machine is nothing to do.
+    sd.terminate_machine("kube1")
+        .await
+        .expect("terminate again");
+    sd.terminate_machine("never-there")
+        .await
+        .expect("terminate unknown");
+    eprintln!(
+        "summary: machine test {} ms (boot {} ms), terminate {terminate_ms} ms",
+        t0.elapsed().as_millis(),
+        c.boot_ms
+    );
+}
+
+/// login1 `Reboot(false)` in the container: its systemd goes down. A plain `systemd-nspawn -b`
+/// ends when the container reboots (exit status 133, meant for a restarting service manager),
+/// so the reboot shows as the nspawn process exiting, the old leader gone, and the bus
+/// connection dead. `down` (on drop) then only removes the state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reboot_takes_the_container_system_down() {
+    if skip_nspawn() {
+        return;
+    }
+    let c = Container::up(&format!("fxrb-{}", std::process::id()));
+    let sd = DbusSystemd::at_address(&c.bus).await.expect("connect");
+    let nspawn: u32 = c.run(&["pid", &c.name]).parse().expect("nspawn pid");
+    let leader: u32 = c.run(&["leader", &c.name]).parse().expect("leader pid");
+    assert!(alive(nspawn) && alive(leader));
+    let t = Instant::now();
+    sd.reboot().await.expect("reboot");
+    let down = wait_for(Duration::from_secs(30), || async {
+        let current = Command::new(&c.script)
+            .args(["leader", &c.name])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .and_then(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .trim()
+                    .parse::<u32>()
+                    .ok()
+            });
+        (!alive(leader) && current != Some(leader)).then_some(current)
+    })
+    .await;
+    let went_down_ms = t.elapsed().as_millis();
+    let new_leader = down.expect("the container's PID 1 was still there 30 s after Reboot");
+    eprintln!(
+        "reboot: old leader {leader} gone after {went_down_ms} ms; nspawn {} ; new leader {new_leader:?}",
+        if alive(nspawn) {
+            "still running"
+        } else {
+            "exited"
+        }
+    );
+    // The old connection is dead: the manager that served it is gone.
+    let call = tokio::time::timeout(Duration::from_secs(10), sd.manager().version()).await;
+    assert!(
+        !matches!(call, Ok(Ok(_))),
+        "the old bus connection still answers after the reboot"
+    );
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]

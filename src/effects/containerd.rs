@@ -23,13 +23,23 @@
 //! `localhost`); every other registry needs HTTPS, which is not implemented yet (no TLS client in
 //! the dependency set) and fails with a clear error. No credentials are supported: a registry
 //! that asks for them fails the pull, and no message ever contains a credential.
+//!
+//! Containers (inherent methods, not part of the [`Containerd`] trait): `create_container`
+//! prepares a new active snapshot (key = container id) on the image's top chainID and creates
+//! a container record with a hand-built OCI runtime spec (runc v2), both under a short lease and
+//! labelled [`MANAGED_LABEL`]; `start_container` is `Tasks.Create` (rootfs = the snapshot's
+//! mounts, stdio to files via `file://` URIs or to /dev/null) + `Tasks.Start`;
+//! `stop_container` is SIGTERM, up to a grace period, SIGKILL to all, `Tasks.Delete`;
+//! `delete_container` removes the record and the snapshot, only for managed containers.
 
 use super::{Containerd, EffectError, EffectResult};
 use crate::machine::Timestamp;
 use crate::machine::validate::Sha256Hex;
+use containerd_client::services::v1::container::Runtime as ContainerRuntime;
 use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClient;
 use containerd_client::services::v1::snapshots::{
-    CommitSnapshotRequest, PrepareSnapshotRequest, RemoveSnapshotRequest, StatSnapshotRequest,
+    CommitSnapshotRequest, MountsRequest, PrepareSnapshotRequest, RemoveSnapshotRequest,
+    StatSnapshotRequest,
 };
 use containerd_client::services::v1::{
     AbortRequest, ApplyRequest, CreateImageRequest, CreateRequest as CreateLeaseRequest,
@@ -39,7 +49,13 @@ use containerd_client::services::v1::{
     content_client::ContentClient, diff_client::DiffClient, images_client::ImagesClient,
     leases_client::LeasesClient,
 };
+use containerd_client::services::v1::{
+    Container, CreateContainerRequest, CreateTaskRequest, DeleteContainerRequest,
+    DeleteTaskRequest, GetContainerRequest, GetRequest, KillRequest, ListContainersRequest,
+    StartRequest, WaitRequest, containers_client::ContainersClient, tasks_client::TasksClient,
+};
 use containerd_client::tonic::{Code, Request, Status, transport::Channel};
+use containerd_client::types::v1::Status as TaskStatus;
 use containerd_client::types::{Descriptor, Mount};
 use futures::SinkExt;
 use sha2::{Digest as _, Sha256};
@@ -235,7 +251,7 @@ impl GrpcContainerd {
         digest: &Sha256Hex,
     ) -> EffectResult<PulledImage> {
         let reg = RegistryRef::parse(reference, digest, self.io_timeout)?;
-        let lease = self.create_lease().await?;
+        let lease = self.create_lease("pull").await?;
         let result = self.pull_under_lease(&reg, digest, &lease).await;
         let released = self.delete_lease(&lease).await;
         let pulled = result?;
@@ -243,10 +259,10 @@ impl GrpcContainerd {
         Ok(pulled)
     }
 
-    async fn create_lease(&self) -> EffectResult<String> {
+    async fn create_lease(&self, purpose: &str) -> EffectResult<String> {
         let mut suffix = [0u8; 8];
         getrandom::fill(&mut suffix).map_err(|e| EffectError::Failed(format!("random: {e}")))?;
-        let id = format!("flexnode-pull-{}", hex::encode(suffix));
+        let id = format!("flexnode-{purpose}-{}", hex::encode(suffix));
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
@@ -454,7 +470,7 @@ impl GrpcContainerd {
             )));
         }
         if let Some(info) = self.content_info(digest).await? {
-            let bytes = self.read_content(digest, info.size, lease).await?;
+            let bytes = self.read_content(digest, info.size, Some(lease)).await?;
             verify(&bytes, digest, size, what, "the content store")?;
             return Ok(SmallBlob {
                 bytes,
@@ -508,7 +524,12 @@ impl GrpcContainerd {
         }
     }
 
-    async fn read_content(&self, digest: &str, size: i64, lease: &str) -> EffectResult<Vec<u8>> {
+    async fn read_content(
+        &self,
+        digest: &str,
+        size: i64,
+        lease: Option<&str>,
+    ) -> EffectResult<Vec<u8>> {
         if !(0..=MAX_SMALL_BLOB).contains(&size) {
             return Err(EffectError::Failed(format!(
                 "content {digest}: size {size} is over the {MAX_SMALL_BLOB}-byte limit"
@@ -522,7 +543,7 @@ impl GrpcContainerd {
                     offset: 0,
                     size: 0,
                 },
-                Some(lease),
+                lease,
             ))
             .await
             .map_err(|s| grpc_failed("read content", &s))?
@@ -1007,6 +1028,870 @@ impl Containerd for GrpcContainerd {
         }
         Ok(())
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Containers: create (image snapshot + hand-built OCI runtime spec), start, stop, delete.
+
+/// The label on every container (and its snapshot) the agent creates; the only ones it deletes.
+pub const MANAGED_LABEL: &str = "flexnode.io/managed";
+pub const MANAGED_VALUE: &str = "true";
+/// The runtime shim containers run under.
+pub const RUNC_RUNTIME: &str = "io.containerd.runc.v2";
+/// `Any.type_url` containerd expects for an OCI runtime spec (JSON).
+pub const SPEC_TYPE_URL: &str = "types.containerd.io/opencontainers/runtime-spec/1/Spec";
+const DEFAULT_PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+const SIGTERM: u32 = 15;
+const SIGKILL: u32 = 9;
+
+/// Every Linux capability, in kernel order (index = capability number); privileged containers
+/// get those of them in this process's bounding set.
+const ALL_CAPS: &[&str] = &[
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_DAC_READ_SEARCH",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETPCAP",
+    "CAP_LINUX_IMMUTABLE",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_NET_BROADCAST",
+    "CAP_NET_ADMIN",
+    "CAP_NET_RAW",
+    "CAP_IPC_LOCK",
+    "CAP_IPC_OWNER",
+    "CAP_SYS_MODULE",
+    "CAP_SYS_RAWIO",
+    "CAP_SYS_CHROOT",
+    "CAP_SYS_PTRACE",
+    "CAP_SYS_PACCT",
+    "CAP_SYS_ADMIN",
+    "CAP_SYS_BOOT",
+    "CAP_SYS_NICE",
+    "CAP_SYS_RESOURCE",
+    "CAP_SYS_TIME",
+    "CAP_SYS_TTY_CONFIG",
+    "CAP_MKNOD",
+    "CAP_LEASE",
+    "CAP_AUDIT_WRITE",
+    "CAP_AUDIT_CONTROL",
+    "CAP_SETFCAP",
+    "CAP_MAC_OVERRIDE",
+    "CAP_MAC_ADMIN",
+    "CAP_SYSLOG",
+    "CAP_WAKE_ALARM",
+    "CAP_BLOCK_SUSPEND",
+    "CAP_AUDIT_READ",
+    "CAP_PERFMON",
+    "CAP_BPF",
+    "CAP_CHECKPOINT_RESTORE",
+];
+
+/// containerd's (and Docker's) default set for unprivileged containers.
+const DEFAULT_CAPS: &[&str] = &[
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FSETID",
+    "CAP_FOWNER",
+    "CAP_MKNOD",
+    "CAP_NET_RAW",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETFCAP",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_KILL",
+    "CAP_AUDIT_WRITE",
+];
+
+const MASKED_PATHS: &[&str] = &[
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+];
+
+const READONLY_PATHS: &[&str] = &[
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+];
+
+/// A host path bound into a container.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BindMount {
+    /// Absolute path on the host.
+    pub source: std::path::PathBuf,
+    /// Absolute path in the container.
+    pub destination: String,
+    pub read_only: bool,
+}
+
+/// Where a task's stdout and stderr go (stdin is always empty).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TaskIo {
+    /// `/dev/null`.
+    Null,
+    /// Appended to these host files (created if missing) by the shim.
+    Files {
+        stdout: std::path::PathBuf,
+        stderr: std::path::PathBuf,
+    },
+}
+
+/// How `stop_container` ended a task.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StopOutcome {
+    /// As containerd reports it (128 + signal for a killed process).
+    pub exit_status: u32,
+    /// SIGTERM was not enough within the grace period: SIGKILL was sent.
+    pub killed: bool,
+}
+
+/// A task's state as containerd reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskState {
+    pub pid: u32,
+    /// `CREATED`, `RUNNING`, `STOPPED`, `PAUSED`, `PAUSING` or `UNKNOWN`.
+    pub status: String,
+    pub exit_status: u32,
+}
+
+/// What a container's rootfs is made from: the image's top chainID and its config.
+struct ImageForContainer {
+    name: String,
+    top_chain_id: String,
+    env: Vec<String>,
+    cwd: String,
+}
+
+impl GrpcContainerd {
+    fn containers(&self) -> ContainersClient<Channel> {
+        ContainersClient::new(self.channel.clone())
+    }
+
+    fn tasks(&self) -> TasksClient<Channel> {
+        TasksClient::new(self.channel.clone())
+    }
+
+    /// Creates container `id` from the pulled image `image_digest`: a new active snapshot
+    /// (key `id`) on the image's top chainID, and a container record (runtime runc v2, an OCI
+    /// spec built here) labelled [`MANAGED_LABEL`]. `privileged`: every capability, no
+    /// seccomp, every device (host `/dev` nodes and an allow-all device cgroup), `/sys`
+    /// writable, nothing masked. Otherwise: containerd's default capabilities, masked and
+    /// read-only `/proc` paths, the default device set. No seccomp profile is applied in either
+    /// case, and no resource limits are set. New pid, ipc, uts, mount and network namespaces.
+    ///
+    /// Idempotent: an existing managed container of that id is left as it is.
+    pub async fn create_container(
+        &self,
+        id: &str,
+        image_digest: &Sha256Hex,
+        args: &[String],
+        privileged: bool,
+        mounts: &[BindMount],
+    ) -> EffectResult {
+        check_container_id(id)?;
+        if args.is_empty() {
+            return Err(EffectError::Failed(format!(
+                "container {id}: no process arguments"
+            )));
+        }
+        for m in mounts {
+            if !m.source.is_absolute() || !m.destination.starts_with('/') {
+                return Err(EffectError::Failed(format!(
+                    "container {id}: mount paths must be absolute ({} -> {})",
+                    m.source.display(),
+                    m.destination
+                )));
+            }
+        }
+        if let Some(existing) = self.container_record(id).await? {
+            if is_managed(&existing.labels) {
+                return Ok(());
+            }
+            return Err(EffectError::Failed(format!(
+                "container {id} exists and was not created by flexnode; refusing to touch it"
+            )));
+        }
+        let image = self.image_for_container(image_digest).await?;
+        let spec = self.runtime_spec(id, args, privileged, mounts, &image)?;
+        let lease = self.create_lease("container").await?;
+        let result = self.create_under_lease(id, &image, spec, &lease).await;
+        let released = self.delete_lease(&lease).await;
+        result?;
+        released
+    }
+
+    async fn create_under_lease(
+        &self,
+        id: &str,
+        image: &ImageForContainer,
+        spec: Vec<u8>,
+        lease: &str,
+    ) -> EffectResult {
+        let labels = HashMap::from([(MANAGED_LABEL.to_string(), MANAGED_VALUE.to_string())]);
+        match self
+            .snapshots()
+            .prepare(self.req(
+                PrepareSnapshotRequest {
+                    snapshotter: self.snapshotter.clone(),
+                    key: id.to_string(),
+                    parent: image.top_chain_id.clone(),
+                    labels: labels.clone(),
+                },
+                Some(lease),
+            ))
+            .await
+        {
+            Ok(_) => {}
+            // Left by an earlier attempt that crashed before the record: reuse it.
+            Err(s) if s.code() == Code::AlreadyExists => {}
+            Err(s) => {
+                return Err(grpc_failed(
+                    &format!("container {id}: prepare snapshot"),
+                    &s,
+                ));
+            }
+        }
+        let container = Container {
+            id: id.to_string(),
+            labels,
+            image: image.name.clone(),
+            runtime: Some(ContainerRuntime {
+                name: RUNC_RUNTIME.to_string(),
+                options: None,
+            }),
+            spec: Some(prost_types::Any {
+                type_url: SPEC_TYPE_URL.to_string(),
+                value: spec,
+            }),
+            snapshotter: self.snapshotter.clone(),
+            snapshot_key: id.to_string(),
+            ..Default::default()
+        };
+        match self
+            .containers()
+            .create(self.req(
+                CreateContainerRequest {
+                    container: Some(container),
+                },
+                Some(lease),
+            ))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(s) if s.code() == Code::AlreadyExists => Ok(()),
+            Err(s) => Err(grpc_failed(&format!("create container {id}"), &s)),
+        }
+    }
+
+    /// Creates and starts the task of container `id` (its rootfs: the snapshot's mounts);
+    /// returns the PID of its first process. A task already running: its PID.
+    pub async fn start_container(&self, id: &str, io: &TaskIo) -> EffectResult<u32> {
+        check_container_id(id)?;
+        let record = self
+            .container_record(id)
+            .await?
+            .ok_or_else(|| EffectError::Failed(format!("container {id} does not exist")))?;
+        if let Some(task) = self.task_state(id).await? {
+            match task.status.as_str() {
+                "RUNNING" => return Ok(task.pid),
+                "CREATED" => {}
+                _ => {
+                    // A task that ran and ended: clear it to start afresh.
+                    self.delete_task(id).await?;
+                }
+            }
+        }
+        if self.task_state(id).await?.is_none() {
+            let rootfs = self
+                .snapshots()
+                .mounts(self.req(
+                    MountsRequest {
+                        snapshotter: record.snapshotter.clone(),
+                        key: record.snapshot_key.clone(),
+                    },
+                    None,
+                ))
+                .await
+                .map_err(|s| grpc_failed(&format!("container {id}: snapshot mounts"), &s))?
+                .into_inner()
+                .mounts;
+            let (stdout, stderr) = match io {
+                TaskIo::Null => (String::new(), String::new()),
+                TaskIo::Files { stdout, stderr } => (file_uri(stdout)?, file_uri(stderr)?),
+            };
+            self.tasks()
+                .create(self.req(
+                    CreateTaskRequest {
+                        container_id: id.to_string(),
+                        rootfs,
+                        stdout,
+                        stderr,
+                        ..Default::default()
+                    },
+                    None,
+                ))
+                .await
+                .map_err(|s| grpc_failed(&format!("create task {id}"), &s))?;
+        }
+        let started = self
+            .tasks()
+            .start(self.req(
+                StartRequest {
+                    container_id: id.to_string(),
+                    exec_id: String::new(),
+                },
+                None,
+            ))
+            .await;
+        match started {
+            Ok(r) => Ok(r.into_inner().pid),
+            Err(s) => {
+                // Leave no half-made task behind.
+                let _ = self.delete_task(id).await;
+                Err(grpc_failed(&format!("start task {id}"), &s))
+            }
+        }
+    }
+
+    /// The state of container `id`'s task, `None` when it has none.
+    pub async fn task_state(&self, id: &str) -> EffectResult<Option<TaskState>> {
+        match self
+            .tasks()
+            .get(self.req(
+                GetRequest {
+                    container_id: id.to_string(),
+                    exec_id: String::new(),
+                },
+                None,
+            ))
+            .await
+        {
+            Ok(r) => Ok(r.into_inner().process.map(|p| TaskState {
+                pid: p.pid,
+                status: TaskStatus::try_from(p.status)
+                    .unwrap_or(TaskStatus::Unknown)
+                    .as_str_name()
+                    .to_string(),
+                exit_status: p.exit_status,
+            })),
+            Err(s) if s.code() == Code::NotFound => Ok(None),
+            Err(s) => Err(grpc_failed(&format!("get task {id}"), &s)),
+        }
+    }
+
+    /// Stops container `id`'s task: SIGTERM to its first process, up to `grace` for it to end,
+    /// then SIGKILL to every process of the task; then the task is deleted. `None`: there was
+    /// no task.
+    pub async fn stop_container(
+        &self,
+        id: &str,
+        grace: Duration,
+    ) -> EffectResult<Option<StopOutcome>> {
+        check_container_id(id)?;
+        let Some(task) = self.task_state(id).await? else {
+            return Ok(None);
+        };
+        let mut killed = false;
+        let exit_status = if task.status == "STOPPED" {
+            task.exit_status
+        } else {
+            let termed = if task.status == "RUNNING" || task.status == "PAUSED" {
+                self.kill_task(id, SIGTERM, false).await?;
+                tokio::time::timeout(grace, self.wait_task(id)).await.ok()
+            } else {
+                None
+            };
+            match termed {
+                Some(status) => status?,
+                None => {
+                    killed = true;
+                    self.kill_task(id, SIGKILL, true).await?;
+                    tokio::time::timeout(Duration::from_secs(30), self.wait_task(id))
+                        .await
+                        .map_err(|_| {
+                            EffectError::Failed(format!(
+                                "container {id}: task still running 30 s after SIGKILL"
+                            ))
+                        })??
+                }
+            }
+        };
+        self.delete_task(id).await?;
+        Ok(Some(StopOutcome {
+            exit_status,
+            killed,
+        }))
+    }
+
+    async fn kill_task(&self, id: &str, signal: u32, all: bool) -> EffectResult {
+        match self
+            .tasks()
+            .kill(self.req(
+                KillRequest {
+                    container_id: id.to_string(),
+                    exec_id: String::new(),
+                    signal,
+                    all,
+                },
+                None,
+            ))
+            .await
+        {
+            Ok(_) => Ok(()),
+            // Already gone (exited between the state read and the signal).
+            Err(s) if s.code() == Code::NotFound => Ok(()),
+            Err(s) => Err(grpc_failed(&format!("signal {signal} to task {id}"), &s)),
+        }
+    }
+
+    /// Waits until the task's first process has exited; its exit status.
+    async fn wait_task(&self, id: &str) -> EffectResult<u32> {
+        self.tasks()
+            .wait(self.req(
+                WaitRequest {
+                    container_id: id.to_string(),
+                    exec_id: String::new(),
+                },
+                None,
+            ))
+            .await
+            .map(|r| r.into_inner().exit_status)
+            .map_err(|s| grpc_failed(&format!("wait for task {id}"), &s))
+    }
+
+    async fn delete_task(&self, id: &str) -> EffectResult {
+        match self
+            .tasks()
+            .delete(self.req(
+                DeleteTaskRequest {
+                    container_id: id.to_string(),
+                },
+                None,
+            ))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(s) if s.code() == Code::NotFound => Ok(()),
+            Err(s) => Err(grpc_failed(&format!("delete task {id}"), &s)),
+        }
+    }
+
+    /// Deletes container `id` and its snapshot. Refused while it has a running task (stop it
+    /// first) and for containers the agent did not create. Absent: nothing to do (a managed
+    /// snapshot left under the key by a crash is still removed).
+    pub async fn delete_container(&self, id: &str) -> EffectResult {
+        check_container_id(id)?;
+        let record = self.container_record(id).await?;
+        let (snapshotter, key) = match &record {
+            Some(c) => {
+                if !is_managed(&c.labels) {
+                    return Err(EffectError::Failed(format!(
+                        "container {id} was not created by flexnode (no {MANAGED_LABEL} label); \
+                         refusing to delete it"
+                    )));
+                }
+                (c.snapshotter.clone(), c.snapshot_key.clone())
+            }
+            None => (self.snapshotter.clone(), id.to_string()),
+        };
+        if let Some(task) = self.task_state(id).await? {
+            if task.status != "STOPPED" && task.status != "CREATED" {
+                return Err(EffectError::Failed(format!(
+                    "container {id}: its task is {}; stop it before deleting",
+                    task.status
+                )));
+            }
+            self.delete_task(id).await?;
+        }
+        if record.is_some() {
+            match self
+                .containers()
+                .delete(self.req(DeleteContainerRequest { id: id.to_string() }, None))
+                .await
+            {
+                Ok(_) => {}
+                Err(s) if s.code() == Code::NotFound => {}
+                Err(s) => return Err(grpc_failed(&format!("delete container {id}"), &s)),
+            }
+        }
+        // The snapshot: only if it is ours (labelled), whether the record was there or not.
+        let info = match self
+            .snapshots()
+            .stat(self.req(
+                StatSnapshotRequest {
+                    snapshotter: snapshotter.clone(),
+                    key: key.clone(),
+                },
+                None,
+            ))
+            .await
+        {
+            Ok(r) => r.into_inner().info,
+            Err(s) if s.code() == Code::NotFound => return Ok(()),
+            Err(s) => return Err(grpc_failed(&format!("container {id}: stat snapshot"), &s)),
+        };
+        if !info.as_ref().is_some_and(|i| is_managed(&i.labels)) {
+            if record.is_some() {
+                tracing::warn!(container = id, snapshot = %key, "snapshot not labelled as flexnode's; left in place");
+            }
+            return Ok(());
+        }
+        match self
+            .snapshots()
+            .remove(self.req(RemoveSnapshotRequest { snapshotter, key }, None))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(s) if s.code() == Code::NotFound => Ok(()),
+            Err(s) => Err(grpc_failed(&format!("container {id}: remove snapshot"), &s)),
+        }
+    }
+
+    /// Ids of the containers labelled [`MANAGED_LABEL`] in the namespace.
+    pub async fn managed_containers(&self) -> EffectResult<Vec<String>> {
+        let list = self
+            .containers()
+            .list(self.req(
+                ListContainersRequest {
+                    filters: vec![format!("labels.\"{MANAGED_LABEL}\"=={MANAGED_VALUE}")],
+                },
+                None,
+            ))
+            .await
+            .map_err(|s| grpc_failed("list containers", &s))?
+            .into_inner();
+        let mut ids: Vec<String> = list
+            .containers
+            .into_iter()
+            .filter(|c| is_managed(&c.labels))
+            .map(|c| c.id)
+            .collect();
+        ids.sort();
+        Ok(ids)
+    }
+
+    async fn container_record(&self, id: &str) -> EffectResult<Option<Container>> {
+        match self
+            .containers()
+            .get(self.req(GetContainerRequest { id: id.to_string() }, None))
+            .await
+        {
+            Ok(r) => Ok(r.into_inner().container),
+            Err(s) if s.code() == Code::NotFound => Ok(None),
+            Err(s) => Err(grpc_failed(&format!("get container {id}"), &s)),
+        }
+    }
+
+    /// The pulled image of `digest` (a record, agent-pulled preferred), resolved to its top
+    /// chainID (which must be unpacked in this snapshotter) and its config's Env and WorkingDir.
+    async fn image_for_container(&self, digest: &Sha256Hex) -> EffectResult<ImageForContainer> {
+        let want = digest.oci();
+        let mut images: Vec<Image> = self
+            .images()
+            .list(self.req(
+                ListImagesRequest {
+                    filters: vec![format!("target.digest==\"{want}\"")],
+                },
+                None,
+            ))
+            .await
+            .map_err(|s| grpc_failed("list images", &s))?
+            .into_inner()
+            .images
+            .into_iter()
+            .filter(|i| i.target.as_ref().map(|t| t.digest.as_str()) == Some(want.as_str()))
+            .collect();
+        images.sort_by_key(|i| !is_agent_pulled(i));
+        let image = images.into_iter().next().ok_or_else(|| {
+            EffectError::Failed(format!("image {want} is not pulled (no image record)"))
+        })?;
+        let target = image.target.clone().unwrap_or_default();
+        let top = self.read_content(&want, target.size, None).await?;
+        verify(
+            &top,
+            &want,
+            Some(target.size),
+            "manifest",
+            "the content store",
+        )?;
+        let top_json = parse_json(&top, "manifest", &want)?;
+        let manifest_bytes = if is_index(&media_type_of(&top_json, Some(&target.media_type))) {
+            let (_, desc) = self.pick_platform(&top_json, &want)?;
+            let bytes = self.read_content(&desc.digest, desc.size, None).await?;
+            verify(
+                &bytes,
+                &desc.digest,
+                Some(desc.size),
+                "manifest",
+                "the content store",
+            )?;
+            bytes
+        } else {
+            top
+        };
+        let manifest = Manifest::parse(&manifest_bytes, &want)?;
+        let config = self
+            .read_content(&manifest.config.digest, manifest.config.size, None)
+            .await?;
+        verify(
+            &config,
+            &manifest.config.digest,
+            Some(manifest.config.size),
+            "config",
+            "the content store",
+        )?;
+        let diff_ids = config_diff_ids(&config, &manifest.config.digest)?;
+        let top_chain_id = chain_ids(&diff_ids).pop().ok_or_else(|| {
+            EffectError::Failed(format!("image {want}: the config lists no layers"))
+        })?;
+        if !self.snapshot_exists(&top_chain_id).await? {
+            return Err(EffectError::Failed(format!(
+                "image {want} is not unpacked in the {} snapshotter (no snapshot {top_chain_id})",
+                self.snapshotter
+            )));
+        }
+        let cfg = parse_json(&config, "config", &manifest.config.digest)?;
+        let cfg = cfg.get("config");
+        let mut env: Vec<String> = cfg
+            .and_then(|c| c.get("Env"))
+            .and_then(|e| e.as_array())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !env.iter().any(|e| e.starts_with("PATH=")) {
+            env.insert(0, DEFAULT_PATH.to_string());
+        }
+        let cwd = cfg
+            .and_then(|c| c.get("WorkingDir"))
+            .and_then(|w| w.as_str())
+            .filter(|w| w.starts_with('/'))
+            .unwrap_or("/")
+            .to_string();
+        Ok(ImageForContainer {
+            name: image.name,
+            top_chain_id,
+            env,
+            cwd,
+        })
+    }
+
+    /// The OCI runtime spec (JSON) of a container, built by hand.
+    fn runtime_spec(
+        &self,
+        id: &str,
+        args: &[String],
+        privileged: bool,
+        mounts: &[BindMount],
+        image: &ImageForContainer,
+    ) -> EffectResult<Vec<u8>> {
+        use serde_json::json;
+        let caps: Vec<&str> = if privileged {
+            // As containerd's WithPrivileged: every capability this process may hand on (its
+            // bounding set; a sandboxed host may lack some), since runc fails on any other.
+            let bounding = bounding_caps();
+            ALL_CAPS
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| bounding & (1u64 << i) != 0)
+                .map(|(_, c)| *c)
+                .collect()
+        } else {
+            DEFAULT_CAPS.to_vec()
+        };
+        let sys_options = if privileged {
+            json!(["nosuid", "noexec", "nodev", "rw"])
+        } else {
+            json!(["nosuid", "noexec", "nodev", "ro"])
+        };
+        let mut spec_mounts = vec![
+            json!({"destination": "/proc", "type": "proc", "source": "proc",
+                   "options": ["nosuid", "noexec", "nodev"]}),
+            json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+                   "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}),
+            json!({"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+                   "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]}),
+            json!({"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+                   "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]}),
+            json!({"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
+                   "options": ["nosuid", "noexec", "nodev"]}),
+            json!({"destination": "/sys", "type": "sysfs", "source": "sysfs",
+                   "options": sys_options}),
+            json!({"destination": "/run", "type": "tmpfs", "source": "tmpfs",
+                   "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}),
+        ];
+        for m in mounts {
+            spec_mounts.push(json!({
+                "destination": m.destination,
+                "type": "bind",
+                "source": m.source,
+                "options": ["rbind", "rprivate", if m.read_only { "ro" } else { "rw" }],
+            }));
+        }
+        let mut linux = json!({
+            "namespaces": [
+                {"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"},
+                {"type": "network"}
+            ],
+            "cgroupsPath": format!("/{}/{id}", self.namespace),
+        });
+        if privileged {
+            linux["resources"] = json!({"devices": [{"allow": true, "access": "rwm"}]});
+            linux["devices"] = serde_json::Value::Array(host_devices());
+        } else {
+            linux["resources"] = json!({"devices": [{"allow": false, "access": "rwm"}]});
+            linux["maskedPaths"] = json!(MASKED_PATHS);
+            linux["readonlyPaths"] = json!(READONLY_PATHS);
+        }
+        let spec = json!({
+            "ociVersion": "1.0.2",
+            "process": {
+                "terminal": false,
+                "user": {"uid": 0, "gid": 0},
+                "args": args,
+                "env": image.env,
+                "cwd": image.cwd,
+                "capabilities": {
+                    "bounding": caps, "effective": caps, "permitted": caps,
+                },
+                "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}],
+                "noNewPrivileges": !privileged,
+            },
+            "root": {"path": "rootfs", "readonly": false},
+            "hostname": id,
+            "mounts": spec_mounts,
+            "linux": linux,
+        });
+        serde_json::to_vec(&spec)
+            .map_err(|e| EffectError::Failed(format!("container {id}: runtime spec: {e}")))
+    }
+}
+
+/// This process's capability bounding set (`CapBnd` in /proc/self/status); every known
+/// capability when it cannot be read.
+fn bounding_caps() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapBnd:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .unwrap_or(u64::MAX)
+}
+
+fn is_managed(labels: &HashMap<String, String>) -> bool {
+    labels.get(MANAGED_LABEL).map(String::as_str) == Some(MANAGED_VALUE)
+}
+
+/// Container ids as containerd accepts them (`[A-Za-z0-9][A-Za-z0-9_.-]*`, at most 76).
+fn check_container_id(id: &str) -> EffectResult {
+    let ok = !id.is_empty()
+        && id.len() <= 76
+        && id.as_bytes()[0].is_ascii_alphanumeric()
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(EffectError::Failed(format!("invalid container id {id:?}")))
+    }
+}
+
+/// `file://` URI of an absolute host path, for the shim's stdio.
+fn file_uri(path: &Path) -> EffectResult<String> {
+    let s = path
+        .to_str()
+        .filter(|s| s.starts_with('/'))
+        .ok_or_else(|| {
+            EffectError::Failed(format!(
+                "task output {} must be an absolute UTF-8 path",
+                path.display()
+            ))
+        })?;
+    if s.bytes()
+        .any(|b| b.is_ascii_control() || b == b'%' || b == b'?' || b == b'#')
+    {
+        return Err(EffectError::Failed(format!(
+            "task output path {s:?} has characters a file:// URI cannot carry"
+        )));
+    }
+    Ok(format!("file://{s}"))
+}
+
+/// The host's device nodes under /dev (not pts, shm, mqueue: the container mounts its own),
+/// as `linux.devices` entries, as containerd's `WithHostDevices` does for privileged ones.
+fn host_devices() -> Vec<serde_json::Value> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let mut out = Vec::new();
+    let mut dirs = vec![std::path::PathBuf::from("/dev")];
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
+            let ft = meta.file_type();
+            if ft.is_dir() {
+                let skip = [
+                    "/dev/pts",
+                    "/dev/shm",
+                    "/dev/mqueue",
+                    "/dev/.lxc",
+                    "/dev/.udev",
+                ];
+                if !skip.iter().any(|s| path == Path::new(s)) {
+                    dirs.push(path);
+                }
+                continue;
+            }
+            let kind = if ft.is_char_device() {
+                "c"
+            } else if ft.is_block_device() {
+                "b"
+            } else {
+                continue;
+            };
+            // /dev/console belongs to the container's terminal setup.
+            if path == Path::new("/dev/console") || path == Path::new("/dev/ptmx") {
+                continue;
+            }
+            let rdev = meta.rdev();
+            let major = ((rdev >> 8) & 0xfff) | ((rdev >> 32) & !0xfff);
+            let minor = (rdev & 0xff) | ((rdev >> 12) & !0xff);
+            out.push(serde_json::json!({
+                "path": path,
+                "type": kind,
+                "major": major,
+                "minor": minor,
+                "fileMode": meta.mode() & 0o7777,
+                "uid": meta.uid(),
+                "gid": meta.gid(),
+            }));
+        }
+    }
+    out
 }
 
 fn is_agent_pulled(image: &Image) -> bool {

@@ -20,18 +20,40 @@ pub struct Build {
     pub crashes: bool,
 }
 
+/// A unit as systemd knows it: its file (if installed) and its runtime state. As in systemd, a
+/// unit whose file is removed keeps running until stopped; an inactive unit without a file is
+/// forgotten (garbage-collected).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SimUnit {
     pub contents: String,
+    /// The unit file is installed (`write_unit`, until `remove_unit`).
+    pub file: bool,
     pub enabled: bool,
     pub active: bool,
     pub active_since: Option<Timestamp>,
+    /// Its process exits non-zero: every start fails and leaves the unit `failed`.
+    pub fails: bool,
+    /// The last start failed (cleared by `reset_failed` or a successful start).
+    pub failed: bool,
+}
+
+/// A transient timer made by `schedule_restart`. The simulated systemd fires it once its time
+/// has come (restarting the unit at `due`); a harness playing systemd's part for the agent
+/// process takes it from [`World::restart_timers`] instead, and a taken timer never fires.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RestartTimer {
+    pub unit: String,
+    pub delay_ms: u64,
+    pub due: Timestamp,
+    /// The simulated systemd already restarted the unit.
+    pub fired: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SimMachine {
     pub kubernetes_version: Option<String>,
     pub running: bool,
+    /// When it started; `None` while stopped (systemd has no active time for an inactive unit).
     pub started_at: Option<Timestamp>,
     /// Starting this machine fails (its kubelet never gets ready).
     pub broken: bool,
@@ -90,7 +112,9 @@ pub struct World {
     pub artifacts: BTreeMap<String, (String, Build)>,
     /// What the registry serves: digest → build.
     pub registry: BTreeMap<String, Build>,
-    pub restart_timers: Vec<u64>,
+    /// Scheduled restarts, until a harness takes them (fired or not).
+    pub restart_timers: Vec<RestartTimer>,
+    /// `restart` calls on the agent unit.
     pub agent_restarts: u32,
     pub api: Vec<ApiWrite>,
     pub api_down: bool,
@@ -125,6 +149,7 @@ impl SimHost {
         if let Some(time) = &self.time {
             w.now = time();
         }
+        w.fire_due_timers();
         w
     }
 
@@ -243,51 +268,120 @@ impl World {
         self.machines.entry(side).or_default()
     }
 
-    fn unit(&mut self, name: &str) -> EffectResult<&mut SimUnit> {
-        self.units
-            .get_mut(name)
-            .ok_or_else(|| EffectError::Failed(format!("unit {name} not found")))
+    /// The nspawn machine whose unit `unit` is, if it is one.
+    fn machine_side(unit: &str) -> Option<Side> {
+        [Side::Kube1, Side::Kube2]
+            .into_iter()
+            .find(|side| unit == machine_unit(*side))
     }
 
+    /// Starting an active unit is a no-op, as in systemd (the active time stays).
     fn start_unit(&mut self, unit: &str) -> EffectResult {
         let now = self.now;
-        for side in [Side::Kube1, Side::Kube2] {
-            if unit == machine_unit(side) {
-                let m = self.machine(side);
-                if m.kubernetes_version.is_none() {
-                    return Err(EffectError::Failed(format!(
-                        "machine {} has no rootfs",
-                        side.name()
-                    )));
-                }
-                if m.broken {
-                    return Err(EffectError::Failed(format!(
-                        "machine {}: kubelet did not become ready",
-                        side.name()
-                    )));
-                }
-                m.running = true;
-                m.started_at = Some(now);
+        if let Some(side) = Self::machine_side(unit) {
+            let m = self.machine(side);
+            if m.running {
                 return Ok(());
             }
+            if m.kubernetes_version.is_none() {
+                return Err(EffectError::Failed(format!(
+                    "start {unit}: machine {} has no rootfs",
+                    side.name()
+                )));
+            }
+            if m.broken {
+                return Err(EffectError::Failed(format!(
+                    "start {unit}: machine {}: kubelet did not become ready",
+                    side.name()
+                )));
+            }
+            m.running = true;
+            m.started_at = Some(now);
+            return Ok(());
         }
-        let now = self.now;
-        let u = self.unit(unit)?;
+        let Some(u) = self.units.get_mut(unit).filter(|u| u.file || u.active) else {
+            return Err(EffectError::Failed(format!(
+                "start {unit}: Unit {unit} not found."
+            )));
+        };
+        if u.active {
+            return Ok(());
+        }
+        if u.fails {
+            u.failed = true;
+            return Err(EffectError::Failed(format!(
+                "start {unit}: job failed, unit failed (failed), result exit-code"
+            )));
+        }
+        u.failed = false;
         u.active = true;
         u.active_since = Some(now);
         Ok(())
     }
 
+    /// Stopping a unit that is not active (or not known at all) is fine. An inactive unit
+    /// without a file is forgotten.
     fn stop_unit(&mut self, unit: &str) {
-        for side in [Side::Kube1, Side::Kube2] {
-            if unit == machine_unit(side) {
-                self.machine(side).running = false;
-            }
+        if let Some(side) = Self::machine_side(unit) {
+            let m = self.machine(side);
+            m.running = false;
+            m.started_at = None;
         }
         if let Some(u) = self.units.get_mut(unit) {
             u.active = false;
             u.active_since = None;
         }
+        self.collect(unit);
+    }
+
+    fn collect(&mut self, unit: &str) {
+        if self.units.get(unit).is_some_and(|u| !u.file && !u.active) {
+            self.units.remove(unit);
+        }
+    }
+
+    /// Restart: a stop, then a start (an inactive unit is started). An unknown unit fails.
+    fn restart_unit(&mut self, unit: &str) -> EffectResult {
+        if Self::machine_side(unit).is_none()
+            && !self.units.get(unit).is_some_and(|u| u.file || u.active)
+        {
+            return Err(EffectError::Failed(format!(
+                "restart {unit}: Unit {unit} not found."
+            )));
+        }
+        self.stop_unit(unit);
+        self.start_unit(unit).map_err(|e| match e {
+            EffectError::Failed(m) => EffectError::Failed(m.replacen("start ", "restart ", 1)),
+            EffectError::Crashed => EffectError::Crashed,
+        })
+    }
+
+    /// Fires the restart timers whose time has come: each restarts its unit (after resetting
+    /// its failed state), at the time it was due.
+    fn fire_due_timers(&mut self) {
+        let now = self.now;
+        let mut due: Vec<(Timestamp, String)> = self
+            .restart_timers
+            .iter_mut()
+            .filter(|t| !t.fired && t.due <= now)
+            .map(|t| {
+                t.fired = true;
+                (t.due, t.unit.clone())
+            })
+            .collect();
+        if due.is_empty() {
+            return;
+        }
+        due.sort();
+        for (at, unit) in due {
+            self.now = at;
+            if let Some(u) = self.units.get_mut(&unit) {
+                u.failed = false;
+            }
+            // A failed restart leaves the unit failed; nobody waits for the timer's job.
+            let _ = self.restart_unit(&unit);
+        }
+        self.now = now;
     }
 
     fn api(&self) -> EffectResult {
@@ -304,14 +398,24 @@ impl World {
 impl Systemd for SimHost {
     async fn write_unit(&self, name: &str, contents: &str) -> EffectResult {
         self.run("write_unit", name, |w| {
-            w.units.entry(name.to_string()).or_default().contents = contents.to_string();
+            check_unit_name(name)?;
+            let u = w.units.entry(name.to_string()).or_default();
+            u.contents = contents.to_string();
+            u.file = true;
             Ok(())
         })
     }
 
+    /// The file goes; a running unit keeps running until stopped.
     async fn remove_unit(&self, name: &str) -> EffectResult {
         self.run("remove_unit", name, |w| {
-            w.units.remove(name);
+            check_unit_name(name)?;
+            if let Some(u) = w.units.get_mut(name) {
+                u.file = false;
+                u.enabled = false;
+                u.contents.clear();
+            }
+            w.collect(name);
             Ok(())
         })
     }
@@ -325,26 +429,42 @@ impl Systemd for SimHost {
 
     async fn enable(&self, unit: &str) -> EffectResult {
         self.run("enable", unit, |w| {
-            w.unit(unit)?.enabled = true;
+            check_unit_name(unit)?;
+            match w.units.get_mut(unit).filter(|u| u.file) {
+                Some(u) => u.enabled = true,
+                None => {
+                    return Err(EffectError::Failed(format!(
+                        "enable {unit}: Unit file {unit} does not exist."
+                    )));
+                }
+            }
+            // As systemctl does after changing symlinks.
+            w.reloads += 1;
             Ok(())
         })
     }
 
     async fn disable(&self, unit: &str) -> EffectResult {
         self.run("disable", unit, |w| {
+            check_unit_name(unit)?;
             if let Some(u) = w.units.get_mut(unit) {
                 u.enabled = false;
             }
+            w.reloads += 1;
             Ok(())
         })
     }
 
     async fn start(&self, unit: &str) -> EffectResult {
-        self.run("start", unit, |w| w.start_unit(unit))
+        self.run("start", unit, |w| {
+            check_unit_name(unit)?;
+            w.start_unit(unit)
+        })
     }
 
     async fn stop(&self, unit: &str) -> EffectResult {
         self.run("stop", unit, |w| {
+            check_unit_name(unit)?;
             w.stop_unit(unit);
             Ok(())
         })
@@ -353,28 +473,51 @@ impl Systemd for SimHost {
     async fn restart(&self, unit: &str) -> EffectResult {
         self.pause("restart").await;
         self.run("restart", unit, |w| {
-            w.stop_unit(unit);
+            check_unit_name(unit)?;
             if unit == super::AGENT_UNIT {
                 w.agent_restarts += 1;
             }
-            w.start_unit(unit)
+            w.restart_unit(unit)
         })
     }
 
     async fn reset_failed(&self, unit: &str) -> EffectResult {
-        self.run("reset_failed", unit, |_| Ok(()))
+        self.run("reset_failed", unit, |w| {
+            check_unit_name(unit)?;
+            if let Some(u) = w.units.get_mut(unit) {
+                u.failed = false;
+            }
+            Ok(())
+        })
     }
 
     async fn schedule_restart(&self, unit: &str, delay_ms: u64) -> EffectResult {
         self.run("schedule_restart", unit, |w| {
-            w.restart_timers.push(delay_ms);
+            check_unit_name(unit)?;
+            let due = Timestamp::from_millis(
+                w.now
+                    .millis()
+                    .saturating_add(i64::try_from(delay_ms).unwrap_or(i64::MAX)),
+            );
+            w.restart_timers.push(RestartTimer {
+                unit: unit.to_string(),
+                delay_ms,
+                due,
+                fired: false,
+            });
             Ok(())
         })
     }
 
     async fn active_since(&self, unit: &str) -> EffectResult<Option<Timestamp>> {
         self.read("active_since", unit)?;
-        Ok(self.world().units.get(unit).and_then(|u| u.active_since))
+        check_unit_name(unit)?;
+        let mut w = self.world();
+        if let Some(side) = World::machine_side(unit) {
+            let m = w.machine(side);
+            return Ok(m.started_at.filter(|_| m.running));
+        }
+        Ok(w.units.get(unit).and_then(|u| u.active_since))
     }
 
     async fn machine_status(&self, side: Side) -> EffectResult<MachineStatus> {
@@ -383,16 +526,50 @@ impl Systemd for SimHost {
         let m = w.machine(side);
         Ok(MachineStatus {
             running: m.running,
-            started_at: m.started_at,
+            started_at: m.started_at.filter(|_| m.running),
         })
+    }
+}
+
+/// A unit name is a plain file name with a unit suffix, never a path (as the D-Bus
+/// implementation checks before any call).
+fn check_unit_name(name: &str) -> EffectResult {
+    const SUFFIXES: &[&str] = &[
+        ".service", ".socket", ".target", ".timer", ".path", ".mount", ".slice", ".scope",
+    ];
+    let ok = !name.is_empty()
+        && name.len() <= 255
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b":-_.\\@".contains(&b))
+        && SUFFIXES
+            .iter()
+            .any(|s| name.len() > s.len() && name.ends_with(s));
+    if ok {
+        Ok(())
+    } else {
+        Err(EffectError::Failed(format!("invalid unit name {name:?}")))
     }
 }
 
 impl Containerd for SimHost {
     async fn pull(&self, reference: &str, digest: &Sha256Hex) -> EffectResult {
         self.run("pull", reference, |w| {
+            // As the real pull: the reference must be pinned to the digest asked for.
+            let (name, pinned) = reference.rsplit_once('@').ok_or_else(|| {
+                EffectError::Failed(
+                    "image reference: not pinned by digest (registry/repository@sha256:…)".into(),
+                )
+            })?;
+            if pinned != digest.oci() {
+                return Err(EffectError::Failed(format!(
+                    "image reference is pinned to {pinned}, but {} was requested",
+                    digest.oci()
+                )));
+            }
             let build = w.registry.get(digest.as_str()).cloned().ok_or_else(|| {
-                EffectError::Failed(format!("image {digest} not found in the registry"))
+                EffectError::Failed(format!("manifest {} not found in {name}", digest.oci()))
             })?;
             w.images.insert(digest.as_str().to_string(), build);
             Ok(())
@@ -530,6 +707,7 @@ impl Host for SimHost {
             let m = w.machine(side);
             m.kubernetes_version = None;
             m.running = false;
+            m.started_at = None;
             Ok(())
         })
     }

@@ -5,6 +5,11 @@
 //! systemd 252 (Debian 12) already has are used, although the proxies are generated from a
 //! newer systemd.
 //!
+//! Beyond the manager: login1 (`reboot`) and machine1 (`list_machines`, `machine`,
+//! `terminate_machine`) on the same connection, as inherent methods; `machine_status` prefers
+//! machined's view of the side's machine and falls back to the `systemd-nspawn@` unit when
+//! machined does not know it (or is not installed).
+//!
 //! Jobs (start, stop, restart, the restart timer) are awaited: the `JobRemoved` match is
 //! registered *before* the method call that queues the job, so a job that finishes at once is
 //! not missed, and a result other than `done` is an [`EffectError::Failed`] naming the unit.
@@ -19,6 +24,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use zbus::proxy::CacheProperties;
 use zbus::{Connection, OwnedObjectPath, OwnedVariant, Variant};
+use zbus_systemd::login1::ManagerProxy as LoginManagerProxy;
+use zbus_systemd::machine1::{MachineProxy, ManagerProxy as MachineManagerProxy};
 use zbus_systemd::systemd1::{ManagerProxy, ServiceProxy, UnitProxy};
 
 /// Where the agent's unit files live on a normal system.
@@ -31,6 +38,13 @@ pub const BUSCTL: &str = "/usr/bin/busctl";
 pub const RESTART_UNIT_PREFIX: &str = "flexnode-agent-restart-";
 
 const NO_SUCH_UNIT: &str = "org.freedesktop.systemd1.NoSuchUnit";
+const NO_SUCH_MACHINE: &str = "org.freedesktop.machine1.NoSuchMachine";
+/// machined is not installed (no bus name, no activation file).
+const SERVICE_UNKNOWN: &str = "org.freedesktop.DBus.Error.ServiceUnknown";
+/// The machine's object went away between two calls.
+const UNKNOWN_OBJECT: &str = "org.freedesktop.DBus.Error.UnknownObject";
+/// How often `terminate_machine` looks whether machined has let the machine go.
+const MACHINE_POLL: Duration = Duration::from_millis(20);
 /// Timer accuracy for scheduled restarts (systemd's default is one minute).
 const RESTART_ACCURACY_USEC: u64 = 100_000;
 
@@ -59,6 +73,33 @@ pub struct UnitState {
     pub sub_state: String,
     /// `ActiveEnterTimestamp`, µs since the epoch (0: never active).
     pub active_enter_usec: u64,
+}
+
+/// A machine as `ListMachines` reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MachineEntry {
+    pub name: String,
+    /// `container`, `vm` or `host` (the `.host` entry machined always lists).
+    pub class: String,
+    /// Who registered it (`systemd-nspawn`, …).
+    pub service: String,
+    pub path: OwnedObjectPath,
+}
+
+/// One machine's state, from its `org.freedesktop.machine1.Machine` properties.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MachineInfo {
+    pub name: String,
+    pub class: String,
+    pub service: String,
+    /// The unit (or scope) that holds the machine, e.g. `systemd-nspawn@kube1.service`.
+    pub unit: String,
+    /// The machine's PID 1, as seen from the manager's PID namespace.
+    pub leader: u32,
+    /// `opening`, `running` or `closing`.
+    pub state: String,
+    /// When machined registered it (wall clock); `None` if machined reports 0.
+    pub registered_at: Option<Timestamp>,
 }
 
 impl DbusSystemd {
@@ -250,6 +291,118 @@ impl DbusSystemd {
         )
         .await?;
         Ok((timer, service))
+    }
+
+    /// Reboots the system the bus belongs to: `org.freedesktop.login1.Manager.Reboot(false)`
+    /// (not interactive: no polkit prompt; root is always allowed). Returns once logind has
+    /// accepted the request; the shutdown itself follows and this connection then drops.
+    pub async fn reboot(&self) -> EffectResult {
+        let login = LoginManagerProxy::builder(self.manager.inner().connection())
+            .cache_properties(CacheProperties::No)
+            .build()
+            .await
+            .map_err(|e| bus_failed("reboot: connect to logind", e))?;
+        login
+            .reboot(false)
+            .await
+            .map_err(|e| bus_failed("reboot (login1 Reboot)", e))
+    }
+
+    async fn machined_proxy(&self, what: &str) -> EffectResult<MachineManagerProxy<'static>> {
+        MachineManagerProxy::builder(self.manager.inner().connection())
+            .cache_properties(CacheProperties::No)
+            .build()
+            .await
+            .map_err(|e| bus_failed(&format!("{what}: connect to machined"), e))
+    }
+
+    /// Every machine machined knows, `.host` included.
+    pub async fn list_machines(&self) -> EffectResult<Vec<MachineEntry>> {
+        let machined = self.machined_proxy("list machines").await?;
+        let list = machined
+            .list_machines()
+            .await
+            .map_err(|e| bus_failed("list machines", e))?;
+        Ok(list
+            .into_iter()
+            .map(|(name, class, service, path)| MachineEntry {
+                name,
+                class,
+                service,
+                path,
+            })
+            .collect())
+    }
+
+    /// A machine's state, or `None` when machined does not know it (or machined is not
+    /// installed on that system).
+    pub async fn machine(&self, name: &str) -> EffectResult<Option<MachineInfo>> {
+        check_machine_name(name)?;
+        let what = format!("machine {name}");
+        let machined = self.machined_proxy(&what).await?;
+        let path = match machined.get_machine(name.to_string()).await {
+            Ok(p) => p,
+            Err(e) if is_error(&e, NO_SUCH_MACHINE) || is_error(&e, SERVICE_UNKNOWN) => {
+                return Ok(None);
+            }
+            Err(e) => return Err(bus_failed(&what, e)),
+        };
+        let m = MachineProxy::builder(self.manager.inner().connection())
+            .path(path)
+            .cache_properties(CacheProperties::No)
+            .build()
+            .await
+            .map_err(|e| bus_failed(&what, e))?;
+        let read = async {
+            let usec = m.timestamp().await?;
+            zbus::Result::Ok(MachineInfo {
+                name: m.name().await?,
+                class: m.class().await?,
+                service: m.service().await?,
+                unit: m.unit().await?,
+                leader: m.leader().await?,
+                state: m.state().await?,
+                registered_at: (usec > 0).then(|| usec_to_timestamp(usec)),
+            })
+        };
+        match read.await {
+            Ok(info) => Ok(Some(info)),
+            // Gone between GetMachine and the property reads.
+            Err(e) if is_error(&e, UNKNOWN_OBJECT) || is_error(&e, NO_SUCH_MACHINE) => Ok(None),
+            Err(e) => Err(bus_failed(&what, e)),
+        }
+    }
+
+    /// Terminates a machine (`TerminateMachine`: machined stops its unit, or kills its scope)
+    /// and waits, up to the job timeout, until machined no longer lists it. Unknown: nothing
+    /// to do.
+    pub async fn terminate_machine(&self, name: &str) -> EffectResult {
+        check_machine_name(name)?;
+        let what = format!("terminate machine {name}");
+        let machined = self.machined_proxy(&what).await?;
+        match machined.terminate_machine(name.to_string()).await {
+            Ok(()) => {}
+            Err(e) if is_error(&e, NO_SUCH_MACHINE) || is_error(&e, SERVICE_UNKNOWN) => {
+                return Ok(());
+            }
+            Err(e) => return Err(bus_failed(&what, e)),
+        }
+        let gone = async {
+            loop {
+                if self.machine(name).await?.is_none() {
+                    return Ok::<_, EffectError>(());
+                }
+                tokio::time::sleep(MACHINE_POLL).await;
+            }
+        };
+        tokio::time::timeout(self.job_timeout, gone)
+            .await
+            .map_err(|_| {
+                EffectError::Failed(format!(
+                    "{what}: still registered after {} s",
+                    self.job_timeout.as_secs()
+                ))
+            })?
     }
 
     /// Registers for `JobRemoved`, then makes the call that queues the job, then waits for that
@@ -494,7 +647,16 @@ impl Systemd for DbusSystemd {
         self.schedule_restart_named(unit, delay_ms).await.map(drop)
     }
 
+    /// machined's view when it knows the machine (running while its state is `running`, started
+    /// when it was registered); otherwise the `systemd-nspawn@<side>.service` unit's.
     async fn machine_status(&self, side: Side) -> EffectResult<MachineStatus> {
+        if let Some(m) = self.machine(side.name()).await? {
+            let running = m.state == "running";
+            return Ok(MachineStatus {
+                running,
+                started_at: if running { m.registered_at } else { None },
+            });
+        }
         let unit = machine_unit(side);
         let started_at = self.active_enter(&unit).await?;
         Ok(MachineStatus {
@@ -524,8 +686,17 @@ fn owned<'a>(v: impl Into<Variant<'a>>) -> zbus::Result<OwnedVariant> {
     OwnedVariant::try_from(v.into())
 }
 
+/// Whether `e` is a D-Bus error reply named `name`. zbus reports the names it defines itself
+/// (`org.freedesktop.DBus.Error.*`, e.g. ServiceUnknown, UnknownObject) as `Error::FDO`, the
+/// others as `Error::MethodError`.
 fn is_error(e: &zbus::Error, name: &str) -> bool {
-    matches!(e, zbus::Error::MethodError(n, _, _) if n.as_str() == name)
+    use zbus::DBusError;
+    match e {
+        zbus::Error::MethodError(n, _, _) => n.as_str() == name,
+        zbus::Error::FDO(f) => f.name().as_str() == name,
+        zbus::Error::DBus(d) => d.name().as_str() == name,
+        _ => false,
+    }
 }
 
 fn bus_failed(what: &str, e: zbus::Error) -> EffectError {
@@ -555,6 +726,25 @@ fn check_unit_name(name: &str) -> EffectResult {
         Ok(())
     } else {
         Err(EffectError::Failed(format!("invalid unit name {name:?}")))
+    }
+}
+
+/// A machine name as machined accepts it (a hostname label sequence, or `.host`), never a
+/// path.
+fn check_machine_name(name: &str) -> EffectResult {
+    let ok = name == ".host"
+        || !name.is_empty()
+            && name.len() <= 64
+            && !name.starts_with(['.', '-'])
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(EffectError::Failed(format!(
+            "invalid machine name {name:?}"
+        )))
     }
 }
 
@@ -638,6 +828,26 @@ mod tests {
             .map(|e| e.expect("entry").file_name())
             .collect();
         assert_eq!(names, vec![std::ffi::OsString::from("a.service")]);
+    }
+
+    #[test]
+    fn error_names_match_in_every_zbus_variant() {
+        let fdo = zbus::Error::FDO(Box::new(zbus::fdo::Error::UnknownObject("gone".into())));
+        assert!(is_error(&fdo, UNKNOWN_OBJECT));
+        assert!(!is_error(&fdo, SERVICE_UNKNOWN));
+        let fdo = zbus::Error::FDO(Box::new(zbus::fdo::Error::ServiceUnknown("none".into())));
+        assert!(is_error(&fdo, SERVICE_UNKNOWN));
+        assert!(!is_error(&zbus::Error::InvalidReply, SERVICE_UNKNOWN));
+    }
+
+    #[test]
+    fn machine_names_are_not_paths() {
+        for ok in ["kube1", "kube2", "fx-1.test", ".host"] {
+            assert!(check_machine_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "../kube1", "a/b", "-x", ".hidden", &"x".repeat(65)] {
+            assert!(check_machine_name(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -1,0 +1,49 @@
+//! One contract for the effects traits, run against the simulated host and the real
+//! implementations, so the simulation cannot drift from the daemons it stands for. The cases
+//! live in `tests/contract/{systemd,containerd}.rs`, generic over the traits; each test here
+//! runs all of one trait's cases against one implementation and reports every failing case.
+//!
+//! The real side needs root: a systemd booted in an nspawn container (`e2e/nspawn/run`) and
+//! containerd 1.6 with a local registry (`e2e/containerd/run`). They are skipped only when
+//! `FLEXNODE_SKIP_NSPAWN` / `FLEXNODE_SKIP_CONTAINERD` is set.
+
+mod contract;
+
+use contract::nspawn::Nspawn;
+use contract::sim::Sim;
+use contract::tier::Registry;
+use std::path::PathBuf;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simulated_systemd_keeps_the_contract() {
+    contract::systemd::run_all("sim systemd", &Sim::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simulated_containerd_keeps_the_contract() {
+    contract::containerd::run_all("sim containerd", &Sim::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dbus_systemd_keeps_the_contract() {
+    if std::env::var_os("FLEXNODE_SKIP_NSPAWN").is_some() {
+        eprintln!("FLEXNODE_SKIP_NSPAWN set: skipped");
+        return;
+    }
+    let fx = Nspawn::up(&format!("fxct-{}", std::process::id())).await;
+    contract::systemd::run_all("dbus systemd", &fx).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_containerd_keeps_the_contract() {
+    if std::env::var_os("FLEXNODE_SKIP_CONTAINERD").is_some() {
+        eprintln!("FLEXNODE_SKIP_CONTAINERD set: skipped");
+        return;
+    }
+    let fx = Registry::up(PathBuf::from(format!(
+        "/tmp/fx-ctr-contract-{}",
+        std::process::id()
+    )))
+    .await;
+    contract::containerd::run_all("grpc containerd", &fx).await;
+}
