@@ -154,6 +154,43 @@ async fn container_upgrade_pulls_by_digest_and_switches_image() {
 }
 
 #[tokio::test]
+async fn only_images_the_agent_pulled_are_removed() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut node = joined(&dir, InstallMode::Container).await;
+    node.host.serve_image(IMAGE, v2(false));
+    // Pulled, then its check fails: the agent's own image is removed and forgotten.
+    node.host.inject("check_candidate", FaultKind::Fail, 0);
+    node.claim("u1", upgrade("oci://registry.example/flexnode:v2", IMAGE))
+        .await
+        .expect("claim");
+    assert_eq!(results_for(&node, "u1")[0].0, ResultReason::ExecutionFailed);
+    assert!(!node.host.world().images.contains_key(IMAGE));
+    assert!(
+        !node
+            .runner()
+            .expect("open")
+            .store
+            .is_agent_image(IMAGE)
+            .expect("query")
+    );
+    // An image an operator pulled (not in the store) is never removed.
+    node.host
+        .world()
+        .images
+        .insert(IMAGE.to_string(), v2(false));
+    node.host.world().foreign_images.insert(IMAGE.to_string());
+    node.host.inject("check_candidate", FaultKind::Fail, 0);
+    node.claim("u2", upgrade("oci://registry.example/flexnode:v2", IMAGE))
+        .await
+        .expect("claim");
+    assert_eq!(results_for(&node, "u2")[0].0, ResultReason::ExecutionFailed);
+    assert!(
+        node.host.world().images.contains_key(IMAGE),
+        "the operator's image stays"
+    );
+}
+
+#[tokio::test]
 async fn wrong_digest_fails_the_stage_and_rolls_back() {
     let dir = tempfile::tempdir().expect("tmp");
     let mut node = joined(&dir, InstallMode::Host).await;

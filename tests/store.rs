@@ -262,3 +262,43 @@ fn a_store_from_a_newer_flexnode_is_refused() {
     let err = Store::open(&p).expect_err("too new");
     assert!(err.to_string().contains("newer"), "{err}");
 }
+
+#[test]
+fn migrates_a_schema_1_store_keeping_its_state() {
+    use flexnode::store::migrations::MIGRATIONS;
+    let dir = tempfile::tempdir().expect("tmp");
+    let p = path(&dir);
+    std::fs::create_dir_all(p.parent().expect("dir")).expect("mkdir");
+    std::fs::set_permissions(
+        p.parent().expect("dir"),
+        std::fs::Permissions::from_mode(0o700),
+    )
+    .expect("chmod");
+    {
+        let raw = rusqlite::Connection::open(&p).expect("raw");
+        raw.execute_batch(MIGRATIONS[0]).expect("schema 1");
+        raw.pragma_update(None, "user_version", 1).expect("version");
+        raw.execute(
+            "INSERT INTO node (id, state, updated_at) VALUES (1, '{\"state\":\"unjoined\",\"finished\":[\"u-old\"]}', 5)",
+            [],
+        )
+        .expect("row");
+    }
+    let store = Store::open(&p).expect("migrate");
+    let version: i64 = rusqlite::Connection::open(&p)
+        .expect("raw")
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .expect("version");
+    assert_eq!(version, SCHEMA_VERSION);
+    assert!(SCHEMA_VERSION >= 2);
+    let state = store.load().expect("load").state;
+    assert!(format!("{state:?}").contains("u-old"), "{state:?}");
+    let d = "ab".repeat(32);
+    assert!(!store.is_agent_image(&d).expect("query"));
+    store
+        .record_agent_image(&d, "r.example/a@sha256:x", T)
+        .expect("record");
+    assert!(store.is_agent_image(&d).expect("query"));
+    store.forget_agent_image(&d).expect("forget");
+    assert!(!store.is_agent_image(&d).expect("query"));
+}

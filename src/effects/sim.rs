@@ -105,6 +105,8 @@ pub struct World {
     pub slots: BTreeMap<Slot, Build>,
     /// Container install: images the agent pulled, by digest.
     pub images: BTreeMap<String, Build>,
+    /// Images present in containerd that someone else pulled (not labelled as the agent's).
+    pub foreign_images: std::collections::BTreeSet<String>,
     pub current: Option<AgentBuild>,
     pub last_good: Option<AgentBuild>,
     pub runtime_files: bool,
@@ -578,11 +580,18 @@ impl Containerd for SimHost {
 
     async fn image_present(&self, digest: &Sha256Hex) -> EffectResult<bool> {
         self.read("image_present", digest.short())?;
-        Ok(self.world().images.contains_key(digest.as_str()))
+        let w = self.world();
+        Ok(w.images.contains_key(digest.as_str()) && !w.foreign_images.contains(digest.as_str()))
     }
 
     async fn remove_agent_image(&self, digest: &Sha256Hex) -> EffectResult {
         self.run("remove_agent_image", digest.short(), |w| {
+            // As the real one: someone else's image is refused, never removed.
+            if w.foreign_images.contains(digest.as_str()) {
+                return Err(EffectError::Failed(format!(
+                    "image {digest} was not pulled by flexnode; not removing it"
+                )));
+            }
             w.images.remove(digest.as_str());
             Ok(())
         })

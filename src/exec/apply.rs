@@ -84,6 +84,13 @@ where
                         if !fx.containerd.image_present(digest).await? {
                             fx.containerd.pull(&image.pinned(digest), digest).await?;
                         }
+                        // Only images recorded here are ever removed; an image someone else
+                        // pulled stays theirs (containerd keeps their record).
+                        if fx.containerd.image_present(digest).await? {
+                            self.store
+                                .record_agent_image(digest.as_str(), &image.pinned(digest), now)
+                                .map_err(store_failed)?;
+                        }
                     }
                 }
                 let version = fx.host.check_candidate(candidate).await?;
@@ -93,8 +100,18 @@ where
             Effect::DiscardCandidate { candidate } => {
                 fx.host.discard_candidate(candidate).await?;
                 match candidate {
-                    AgentBuild::Image { digest } => fx.containerd.remove_agent_image(digest).await,
-                    AgentBuild::Slot { .. } => Ok(()),
+                    AgentBuild::Image { digest }
+                        if self
+                            .store
+                            .is_agent_image(digest.as_str())
+                            .map_err(store_failed)? =>
+                    {
+                        fx.containerd.remove_agent_image(digest).await?;
+                        self.store
+                            .forget_agent_image(digest.as_str())
+                            .map_err(store_failed)
+                    }
+                    AgentBuild::Image { .. } | AgentBuild::Slot { .. } => Ok(()),
                 }
             }
             Effect::SwitchAgent {

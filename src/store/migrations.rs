@@ -3,7 +3,10 @@
 use rusqlite::{Connection, TransactionBehavior};
 
 /// Index `i` holds the SQL that takes the schema from version `i` to `i + 1`.
-pub const MIGRATIONS: &[&str] = &[include_str!("../../state/0001_init.sql")];
+pub const MIGRATIONS: &[&str] = &[
+    include_str!("../../state/0001_init.sql"),
+    include_str!("../../state/0002_agent_images.sql"),
+];
 
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 

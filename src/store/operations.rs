@@ -133,6 +133,41 @@ impl Store {
     pub fn last_result(&self) -> Result<Option<StoredResult>, StoreError> {
         last_result(&self.conn())
     }
+
+    /// Remembers an image this agent pulled (idempotent).
+    pub fn record_agent_image(
+        &self,
+        digest: &str,
+        reference: &str,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.conn().execute(
+            "INSERT INTO agent_images (digest, reference, pulled_at) VALUES (?1, ?2, ?3)
+             ON CONFLICT(digest) DO NOTHING",
+            params![digest, reference, now.millis()],
+        )?;
+        Ok(())
+    }
+
+    pub fn is_agent_image(&self, digest: &str) -> Result<bool, StoreError> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT 1 FROM agent_images WHERE digest = ?1",
+                params![digest],
+                |_| Ok(()),
+            )
+            .optional()?
+            .is_some())
+    }
+
+    pub fn forget_agent_image(&self, digest: &str) -> Result<(), StoreError> {
+        self.conn().execute(
+            "DELETE FROM agent_images WHERE digest = ?1",
+            params![digest],
+        )?;
+        Ok(())
+    }
 }
 
 impl StoreReader {
