@@ -31,6 +31,28 @@ pub const RECOVERY_UNIT: &str = "flexnode-agent-recovery.service";
 pub const BOOTSTRAP_UNIT: &str = "flexnode-bootstrap.service";
 pub const RESET_UNIT: &str = "flexnode-reset.service";
 
+/// A unit name is a plain file name with a unit suffix: never a path. Checked by every
+/// implementation before it touches a unit.
+pub(crate) fn check_unit_name(name: &str) -> EffectResult {
+    const SUFFIXES: &[&str] = &[
+        ".service", ".socket", ".target", ".timer", ".path", ".mount", ".slice", ".scope",
+    ];
+    let ok = !name.is_empty()
+        && name.len() <= 255
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b":-_.\\@".contains(&b))
+        && SUFFIXES
+            .iter()
+            .any(|s| name.len() > s.len() && name.ends_with(s));
+    if ok {
+        Ok(())
+    } else {
+        Err(EffectError::Failed(format!("invalid unit name {name:?}")))
+    }
+}
+
 /// `systemd-nspawn@<side>.service`, the unit that runs a kubelet machine.
 pub fn machine_unit(side: Side) -> String {
     format!("systemd-nspawn@{}.service", side.name())

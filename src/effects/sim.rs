@@ -3,7 +3,8 @@
 //! executor run end to end against it, with scripted failures and crashes.
 
 use super::{
-    Containerd, EffectError, EffectResult, Host, MachineStatus, Publisher, Systemd, machine_unit,
+    Containerd, EffectError, EffectResult, Host, MachineStatus, Publisher, Systemd,
+    check_unit_name, machine_unit,
 };
 use crate::machine::Timestamp;
 use crate::machine::effect::{MachinePhase, OpResult};
@@ -530,28 +531,6 @@ impl Systemd for SimHost {
             running: m.running,
             started_at: m.started_at.filter(|_| m.running),
         })
-    }
-}
-
-/// A unit name is a plain file name with a unit suffix, never a path (as the D-Bus
-/// implementation checks before any call).
-fn check_unit_name(name: &str) -> EffectResult {
-    const SUFFIXES: &[&str] = &[
-        ".service", ".socket", ".target", ".timer", ".path", ".mount", ".slice", ".scope",
-    ];
-    let ok = !name.is_empty()
-        && name.len() <= 255
-        && !name.starts_with('.')
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b":-_.\\@".contains(&b))
-        && SUFFIXES
-            .iter()
-            .any(|s| name.len() > s.len() && name.ends_with(s));
-    if ok {
-        Ok(())
-    } else {
-        Err(EffectError::Failed(format!("invalid unit name {name:?}")))
     }
 }
 

@@ -14,7 +14,7 @@
 //! registered *before* the method call that queues the job, so a job that finishes at once is
 //! not missed, and a result other than `done` is an [`EffectError::Failed`] naming the unit.
 
-use super::{EffectError, EffectResult, MachineStatus, Systemd, machine_unit};
+use super::{EffectError, EffectResult, MachineStatus, Systemd, check_unit_name, machine_unit};
 use crate::machine::Timestamp;
 use crate::machine::state::Side;
 use futures::StreamExt;
@@ -706,27 +706,6 @@ fn bus_failed(what: &str, e: zbus::Error) -> EffectError {
 /// ActiveEnterTimestamp is µs of CLOCK_REALTIME; the core counts milliseconds.
 fn usec_to_timestamp(usec: u64) -> Timestamp {
     Timestamp::from_millis(i64::try_from(usec / 1000).unwrap_or(i64::MAX))
-}
-
-/// A unit name is a plain file name with a unit suffix: never a path.
-fn check_unit_name(name: &str) -> EffectResult {
-    const SUFFIXES: &[&str] = &[
-        ".service", ".socket", ".target", ".timer", ".path", ".mount", ".slice", ".scope",
-    ];
-    let ok = !name.is_empty()
-        && name.len() <= 255
-        && !name.starts_with('.')
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b":-_.\\@".contains(&b))
-        && SUFFIXES
-            .iter()
-            .any(|s| name.len() > s.len() && name.ends_with(s));
-    if ok {
-        Ok(())
-    } else {
-        Err(EffectError::Failed(format!("invalid unit name {name:?}")))
-    }
 }
 
 /// A machine name as machined accepts it (a hostname label sequence, or `.host`), never a
