@@ -8,6 +8,7 @@
 //! `FLEXNODE_SKIP_NSPAWN` / `FLEXNODE_SKIP_CONTAINERD` is set.
 
 mod contract;
+mod support;
 
 use contract::nspawn::Nspawn;
 use contract::sim::Sim;

@@ -3,82 +3,22 @@
 //! which the script exposes on the host. Needs root; the first run builds the rootfs (~75 s).
 //! Set `FLEXNODE_SKIP_NSPAWN=1` to skip.
 
+mod support;
+
 use flexnode::effects::systemd::{DbusSystemd, RESTART_UNIT_PREFIX};
 use flexnode::effects::{EffectError, Systemd, machine_unit};
 use flexnode::machine::Timestamp;
 use flexnode::machine::state::Side;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use support::nspawn::Container;
 use zbus::proxy::CacheProperties;
 use zbus_systemd::systemd1::UnitProxy;
 
 const SLEEPER: &str = "fx-sleep.service";
 const FAILER: &str = "fx-fail.service";
-
-/// A booted container; `down` on drop.
-struct Container {
-    name: String,
-    script: PathBuf,
-    bus: String,
-    units: PathBuf,
-    boot_ms: u64,
-}
-
-impl Container {
-    fn up(name: &str) -> Self {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e/nspawn/run");
-        let out = Command::new(&script)
-            .args(["up", name])
-            .output()
-            .expect("run e2e/nspawn/run up");
-        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-        assert!(
-            out.status.success(),
-            "nspawn up failed: {stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        // Constructed before the other calls, so a failure below still takes it down.
-        let mut c = Self {
-            name: name.to_string(),
-            script,
-            bus: String::new(),
-            units: PathBuf::new(),
-            boot_ms: field(&stdout, "boot_ms=")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0),
-        };
-        c.bus = c.run(&["bus", name]);
-        c.units = PathBuf::from(c.run(&["units", name]));
-        c
-    }
-
-    fn run(&self, args: &[&str]) -> String {
-        let out = Command::new(&self.script)
-            .args(args)
-            .output()
-            .expect("run e2e/nspawn/run");
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    }
-}
-
-impl Drop for Container {
-    fn drop(&mut self) {
-        let _ = Command::new(&self.script)
-            .args(["down", &self.name])
-            .status();
-    }
-}
-
-fn field<'a>(s: &'a str, key: &str) -> Option<&'a str> {
-    s.split_whitespace().find_map(|w| w.strip_prefix(key))
-}
 
 fn now() -> Timestamp {
     let d = SystemTime::now()

@@ -2,67 +2,11 @@
 //! fixture, reached over the container's system bus. As in `tests/systemd_effects.rs`.
 
 use super::systemd::{FAILING_SERVICE, SystemdFixture, service};
+use crate::support::nspawn::Container;
 use flexnode::effects::systemd::DbusSystemd;
 use flexnode::effects::{Systemd, machine_unit};
 use flexnode::machine::state::Side;
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
-
-/// A booted container; `down` on drop.
-pub struct Container {
-    pub name: String,
-    script: PathBuf,
-    pub bus: String,
-    pub units: PathBuf,
-}
-
-impl Container {
-    pub fn up(name: &str) -> Self {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e/nspawn/run");
-        let out = Command::new(&script)
-            .args(["up", name])
-            .output()
-            .expect("run e2e/nspawn/run up");
-        assert!(
-            out.status.success(),
-            "nspawn up failed: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        // Constructed before the other calls, so a failure below still takes it down.
-        let mut c = Self {
-            name: name.to_string(),
-            script,
-            bus: String::new(),
-            units: PathBuf::new(),
-        };
-        c.bus = c.run(&["bus", name]);
-        c.units = PathBuf::from(c.run(&["units", name]));
-        c
-    }
-
-    fn run(&self, args: &[&str]) -> String {
-        let out = Command::new(&self.script)
-            .args(args)
-            .output()
-            .expect("run e2e/nspawn/run");
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    }
-}
-
-impl Drop for Container {
-    fn drop(&mut self) {
-        let _ = Command::new(&self.script)
-            .args(["down", &self.name])
-            .status();
-    }
-}
 
 pub struct Nspawn {
     pub systemd: DbusSystemd,

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod agent;
+pub mod nspawn;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -1,0 +1,67 @@
+//! A booted systemd-nspawn container (`e2e/nspawn/run`) whose system bus the host reaches.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A booted container; `down` on drop.
+pub struct Container {
+    pub name: String,
+    pub script: PathBuf,
+    pub bus: String,
+    pub units: PathBuf,
+    pub boot_ms: u64,
+}
+
+impl Container {
+    pub fn up(name: &str) -> Self {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e/nspawn/run");
+        let out = Command::new(&script)
+            .args(["up", name])
+            .output()
+            .expect("run e2e/nspawn/run up");
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "nspawn up failed: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Constructed before the other calls, so a failure below still takes it down.
+        let mut c = Self {
+            name: name.to_string(),
+            script,
+            bus: String::new(),
+            units: PathBuf::new(),
+            boot_ms: field(&stdout, "boot_ms=")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+        };
+        c.bus = c.run(&["bus", name]);
+        c.units = PathBuf::from(c.run(&["units", name]));
+        c
+    }
+
+    pub fn run(&self, args: &[&str]) -> String {
+        let out = Command::new(&self.script)
+            .args(args)
+            .output()
+            .expect("run e2e/nspawn/run");
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        let _ = Command::new(&self.script)
+            .args(["down", &self.name])
+            .status();
+    }
+}
+
+fn field<'a>(s: &'a str, key: &str) -> Option<&'a str> {
+    s.split_whitespace().find_map(|w| w.strip_prefix(key))
+}
