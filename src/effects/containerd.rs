@@ -62,6 +62,7 @@ use sha2::{Digest as _, Sha256};
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -92,6 +93,111 @@ const LEASE_EXPIRY_SECS: i64 = 24 * 3600;
 const NS_HEADER: &str = "containerd-namespace";
 const LEASE_HEADER: &str = "containerd-lease";
 
+/// Progress of a pull's layer downloads (into the content store), reported to the
+/// [`GrpcContainerd::with_progress`] callback: after every ~1 MiB of a layer
+/// ([`PROGRESS_EVERY`]) and once per layer when it is in the content store (also for layers
+/// that were there already). Counts are over all the layers of the platform manifest, so
+/// `bytes_done` and `layers_done` never decrease during one pull and the last report of a
+/// successful pull has `bytes_done == bytes_total` and `layers_done == layers_total`.
+/// Config, manifest and index (small, fetched first) are not counted. Holds no reference,
+/// registry address or URL: nothing that could carry a credential or a query.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PullProgress {
+    /// The layer the report is about (`sha256:…`, from the verified manifest).
+    pub layer_digest: String,
+    /// Bytes of all layers in the content store or streamed into it so far.
+    pub bytes_done: u64,
+    /// Sum of the layer sizes the manifest declares.
+    pub bytes_total: u64,
+    /// Layers complete in the content store.
+    pub layers_done: usize,
+    pub layers_total: usize,
+}
+
+/// A pull-progress callback; called on the pulling task, so it should be quick.
+pub type ProgressFn = Arc<dyn Fn(PullProgress) + Send + Sync>;
+
+/// Bytes of a layer between two progress reports.
+pub const PROGRESS_EVERY: u64 = 1 << 20;
+
+/// The default progress callback: a `tracing::info!` event per report.
+fn log_progress(p: PullProgress) {
+    tracing::info!(
+        layer = %p.layer_digest,
+        bytes_done = p.bytes_done,
+        bytes_total = p.bytes_total,
+        layers_done = p.layers_done,
+        layers_total = p.layers_total,
+        "pull progress"
+    );
+}
+
+#[derive(Clone)]
+struct ProgressSink(ProgressFn);
+
+impl std::fmt::Debug for ProgressSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProgressSink")
+    }
+}
+
+/// Running totals of one pull's layer downloads.
+struct PullTracker {
+    sink: ProgressFn,
+    bytes_done: u64,
+    bytes_total: u64,
+    layers_done: usize,
+    layers_total: usize,
+    /// `bytes_done` when the current layer started.
+    layer_base: u64,
+    /// `bytes_done` at the last report.
+    reported: u64,
+}
+
+impl PullTracker {
+    fn new(sink: ProgressFn, layers: &[Descriptor]) -> Self {
+        Self {
+            sink,
+            bytes_done: 0,
+            bytes_total: layers
+                .iter()
+                .map(|l| u64::try_from(l.size).unwrap_or(0))
+                .sum(),
+            layers_done: 0,
+            layers_total: layers.len(),
+            layer_base: 0,
+            reported: 0,
+        }
+    }
+
+    fn report(&mut self, layer: &str) {
+        self.reported = self.bytes_done;
+        (self.sink)(PullProgress {
+            layer_digest: layer.to_string(),
+            bytes_done: self.bytes_done,
+            bytes_total: self.bytes_total,
+            layers_done: self.layers_done,
+            layers_total: self.layers_total,
+        });
+    }
+
+    /// `n` more bytes of `layer` were sent to the content store.
+    fn bytes(&mut self, layer: &str, n: usize) {
+        self.bytes_done += n as u64;
+        if self.bytes_done - self.reported >= PROGRESS_EVERY {
+            self.report(layer);
+        }
+    }
+
+    /// `layer` is in the content store (streamed now or found there).
+    fn layer_done(&mut self, layer: &Descriptor) {
+        self.layer_base += u64::try_from(layer.size).unwrap_or(0);
+        self.bytes_done = self.layer_base;
+        self.layers_done += 1;
+        self.report(&layer.digest);
+    }
+}
+
 /// The production [`Containerd`]: one containerd reached over its gRPC socket.
 #[derive(Clone, Debug)]
 pub struct GrpcContainerd {
@@ -102,6 +208,8 @@ pub struct GrpcContainerd {
     architecture: String,
     /// Connect and per-read timeout towards registries.
     io_timeout: Duration,
+    /// Where pull progress goes ([`log_progress`] unless [`Self::with_progress`]).
+    progress: ProgressSink,
 }
 
 /// What a pull resolved, for callers that need more than success.
@@ -156,6 +264,7 @@ impl GrpcContainerd {
             os: "linux".into(),
             architecture: architecture.into(),
             io_timeout: Duration::from_secs(60),
+            progress: ProgressSink(Arc::new(log_progress)),
         })
     }
 
@@ -169,6 +278,12 @@ impl GrpcContainerd {
     pub fn with_platform(mut self, os: &str, architecture: &str) -> Self {
         self.os = os.to_string();
         self.architecture = architecture.to_string();
+        self
+    }
+
+    /// Sends pull progress ([`PullProgress`]) to `progress` instead of `tracing::info!` events.
+    pub fn with_progress(mut self, progress: ProgressFn) -> Self {
+        self.progress = ProgressSink(progress);
         self
     }
 
@@ -355,9 +470,12 @@ impl GrpcContainerd {
         let chain_ids = chain_ids(&diff_ids);
 
         // 2. Content: layers streamed, then config, manifest, index with their gc references.
+        let mut progress = PullTracker::new(self.progress.0.clone(), &manifest.layers);
         for (layer, diff_id) in manifest.layers.iter().zip(&diff_ids) {
             let labels = HashMap::from([("containerd.io/uncompressed".into(), diff_id.clone())]);
-            self.ensure_blob(reg, layer, None, labels, lease).await?;
+            self.ensure_blob(reg, layer, None, labels, lease, Some(&mut progress))
+                .await?;
+            progress.layer_done(layer);
         }
         let mut config_labels = HashMap::new();
         if let Some(top_chain) = chain_ids.last() {
@@ -372,6 +490,7 @@ impl GrpcContainerd {
             Some(&config_bytes),
             config_labels,
             lease,
+            None,
         )
         .await?;
         let mut manifest_labels = HashMap::from([(
@@ -390,6 +509,7 @@ impl GrpcContainerd {
             Some(&manifest_bytes),
             manifest_labels,
             lease,
+            None,
         )
         .await?;
         if let Some((pos, index_bytes)) = &index {
@@ -397,7 +517,7 @@ impl GrpcContainerd {
                 format!("containerd.io/gc.ref.content.m.{pos}"),
                 manifest_desc.digest.clone(),
             )]);
-            self.ensure_blob(reg, &top_desc, Some(index_bytes), labels, lease)
+            self.ensure_blob(reg, &top_desc, Some(index_bytes), labels, lease, None)
                 .await?;
         }
 
@@ -574,6 +694,7 @@ impl GrpcContainerd {
         bytes: Option<&[u8]>,
         labels: HashMap<String, String>,
         lease: &str,
+        progress: Option<&mut PullTracker>,
     ) -> EffectResult {
         if self.content_info(&desc.digest).await?.is_some() {
             return self.label_content(&desc.digest, labels, lease).await;
@@ -604,7 +725,16 @@ impl GrpcContainerd {
         };
         let write_ref = format!("flexnode-{}", desc.digest.replace(':', "-"));
         let result = self
-            .write_content(reg, desc, kind, &write_ref, source, labels.clone(), lease)
+            .write_content(
+                reg,
+                desc,
+                kind,
+                &write_ref,
+                source,
+                labels.clone(),
+                lease,
+                progress,
+            )
             .await;
         match result {
             Ok(WriteOutcome::Committed) => Ok(()),
@@ -631,6 +761,7 @@ impl GrpcContainerd {
         mut source: Source<'_>,
         labels: HashMap<String, String>,
         lease: &str,
+        mut progress: Option<&mut PullTracker>,
     ) -> EffectResult<WriteOutcome> {
         let failed = |e: &Status| grpc_failed(&format!("write {kind} {}", desc.digest), e);
         let (mut tx, rx) = futures::channel::mpsc::channel::<WriteContentRequest>(2);
@@ -689,7 +820,8 @@ impl GrpcContainerd {
                 )));
             }
             hasher.update(&chunk);
-            let len = len_i64(chunk.len());
+            let chunk_len = chunk.len();
+            let len = len_i64(chunk_len);
             tx.send(WriteContentRequest {
                 action: WriteAction::Write as i32,
                 offset,
@@ -700,6 +832,9 @@ impl GrpcContainerd {
             .map_err(|e| EffectError::Failed(format!("content write: {e}")))?;
             responses.message().await.map_err(|s| failed(&s))?;
             offset += len;
+            if let Some(p) = progress.as_deref_mut() {
+                p.bytes(&desc.digest, chunk_len);
+            }
         }
         let got = format!("sha256:{}", hex::encode(hasher.finalize()));
         if offset != desc.size {
@@ -2607,6 +2742,54 @@ mod tests {
 
     fn digest() -> Sha256Hex {
         Sha256Hex::parse(&"ab".repeat(32)).unwrap_or_else(|| unreachable!())
+    }
+
+    #[test]
+    fn progress_every_mib_and_per_layer() {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::<PullProgress>::new()));
+        let sink = seen.clone();
+        let layer = |d: &str, size: i64| Descriptor {
+            digest: d.to_string(),
+            size,
+            ..Default::default()
+        };
+        let layers = [layer("sha256:a", 10), layer("sha256:b", (5 << 20) / 2)];
+        let mut t = PullTracker::new(
+            Arc::new(move |p| sink.lock().unwrap_or_else(|e| e.into_inner()).push(p)),
+            &layers,
+        );
+        t.layer_done(&layers[0]); // already in the store
+        for _ in 0..5 {
+            t.bytes("sha256:b", 512 << 10);
+        }
+        t.layer_done(&layers[1]);
+        let got: Vec<_> = seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|p| (p.layer_digest.clone(), p.bytes_done, p.layers_done))
+            .collect();
+        let total = 10 + (5 << 20) / 2;
+        assert_eq!(
+            got,
+            [
+                ("sha256:a".to_string(), 10, 1),
+                ("sha256:b".to_string(), 10 + (1 << 20), 1),
+                ("sha256:b".to_string(), 10 + (2 << 20), 1),
+                ("sha256:b".to_string(), total, 2),
+            ]
+        );
+        let last = seen.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        assert_eq!(
+            last,
+            Some(PullProgress {
+                layer_digest: "sha256:b".into(),
+                bytes_done: total,
+                bytes_total: total,
+                layers_done: 2,
+                layers_total: 2,
+            })
+        );
     }
 
     #[test]
