@@ -17,6 +17,8 @@ use containerd_client::services::v1::{
     images_client::ImagesClient,
 };
 use containerd_client::tonic::{Code, Request, transport::Channel};
+mod support;
+
 use flexnode::effects::containerd::{
     BindMount, GrpcContainerd, MANAGED_LABEL, PROGRESS_EVERY, PULLED_BY_LABEL, PullProgress,
     StopOutcome, TaskIo,
@@ -28,25 +30,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-const NS: &str = "flexnode";
-
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e/containerd/run")
-}
-
-fn snapshotter() -> String {
-    std::env::var("FLEXNODE_CONTAINERD_SNAPSHOTTER").unwrap_or_else(|_| "overlayfs".into())
-}
-
-/// Which containerd a tier runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Flavor {
-    /// Debian 12's containerd 1.6.
-    V1_6,
-    /// containerd 2.x built from `e2e/containerd/v2/go.mod`.
-    V2,
-}
+use support::containerd::{Flavor, NS, Tier, snapshotter};
 
 /// Each test function `name(Flavor)` as `v1_6::name` and `v2::name`.
 macro_rules! both_versions {
@@ -83,69 +67,7 @@ both_versions!(
     measure_pull_10mb,
 );
 
-/// containerd + registry of our own, stopped (and its dir removed) when dropped.
-struct Tier {
-    dir: PathBuf,
-    socket: PathBuf,
-    registry: String,
-    storage: PathBuf,
-    /// The `ctr` matching the daemon.
-    ctr: PathBuf,
-}
-
 impl Tier {
-    fn up_unless_skipped(flavor: Flavor) -> Option<Self> {
-        if std::env::var_os("FLEXNODE_SKIP_CONTAINERD").is_some() {
-            eprintln!("skipped: FLEXNODE_SKIP_CONTAINERD is set");
-            return None;
-        }
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let dir = PathBuf::from(format!("/tmp/fx-ctr-{}-{n}", std::process::id()));
-        let dir_arg = dir.display().to_string();
-        let mut args = vec!["up", &dir_arg];
-        if flavor == Flavor::V2 {
-            args.push("--v2");
-        }
-        let out = run(&args);
-        let env = |key: &str| {
-            out.lines()
-                .find_map(|l| l.strip_prefix(&format!("{key}=")))
-                .unwrap_or_else(|| panic!("{key} missing from `up` output:\n{out}"))
-                .to_string()
-        };
-        Some(Self {
-            socket: env("CONTAINERD_SOCKET").into(),
-            registry: env("REGISTRY"),
-            storage: env("REGISTRY_STORAGE").into(),
-            ctr: env("CTR").into(),
-            dir,
-        })
-    }
-
-    /// Builds and pushes an image; returns its digest (an index digest with `index`).
-    fn image(&self, name_tag: &str, size_mb: u32, index: bool) -> Sha256Hex {
-        let dir = self.dir.display().to_string();
-        let mb = size_mb.to_string();
-        let mut args = vec!["image", &dir, name_tag, &mb];
-        if index {
-            args.push("--index");
-        }
-        let out = run(&args);
-        Sha256Hex::parse(out.trim()).unwrap_or_else(|| panic!("no digest from `image`: {out}"))
-    }
-
-    /// Builds and pushes the runnable busybox image; returns its manifest digest.
-    fn busybox_image(&self, name_tag: &str) -> Sha256Hex {
-        let out = run(&["busybox-image", &self.dir.display().to_string(), name_tag]);
-        Sha256Hex::parse(out.trim())
-            .unwrap_or_else(|| panic!("no digest from busybox-image: {out}"))
-    }
-
-    fn reference(&self, repo: &str, digest: &Sha256Hex) -> String {
-        format!("{}/{repo}@{}", self.registry, digest.oci())
-    }
-
     fn blob_path(&self, digest: &str) -> PathBuf {
         let hex = digest.trim_start_matches("sha256:");
         self.storage
@@ -222,33 +144,6 @@ impl Tier {
             .await
             .expect("connect")
     }
-}
-
-impl Drop for Tier {
-    fn drop(&mut self) {
-        let out = Command::new(script())
-            .args(["down", &self.dir.display().to_string()])
-            .output();
-        if let Ok(out) = out
-            && !out.status.success()
-        {
-            eprintln!("down failed: {}", String::from_utf8_lossy(&out.stderr));
-        }
-    }
-}
-
-fn run(args: &[&str]) -> String {
-    let out = Command::new(script())
-        .args(args)
-        .output()
-        .expect("run e2e/containerd/run");
-    assert!(
-        out.status.success(),
-        "e2e/containerd/run {args:?} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn ns<T>(msg: T) -> Request<T> {

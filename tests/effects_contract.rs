@@ -13,7 +13,7 @@ mod support;
 use contract::nspawn::Nspawn;
 use contract::sim::Sim;
 use contract::tier::Registry;
-use std::path::PathBuf;
+use support::containerd::Flavor;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn simulated_systemd_keeps_the_contract() {
@@ -37,14 +37,13 @@ async fn dbus_systemd_keeps_the_contract() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_containerd_keeps_the_contract() {
-    if std::env::var_os("FLEXNODE_SKIP_CONTAINERD").is_some() {
-        eprintln!("FLEXNODE_SKIP_CONTAINERD set: skipped");
-        return;
+    for (flavor, name) in [
+        (Flavor::V1_6, "grpc containerd 1.6"),
+        (Flavor::V2, "grpc containerd 2.x"),
+    ] {
+        let Some(fx) = Registry::up(flavor).await else {
+            return;
+        };
+        contract::containerd::run_all(name, &fx).await;
     }
-    let fx = Registry::up(PathBuf::from(format!(
-        "/tmp/fx-ctr-contract-{}",
-        std::process::id()
-    )))
-    .await;
-    contract::containerd::run_all("grpc containerd", &fx).await;
 }

@@ -14,6 +14,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use support::nspawn::Container;
+use support::wait_for;
 use zbus::proxy::CacheProperties;
 use zbus_systemd::systemd1::UnitProxy;
 
@@ -54,24 +55,6 @@ async fn active_state(sd: &DbusSystemd, unit: &str) -> Option<String> {
         .await
         .expect("unit state")
         .map(|s| s.active_state)
-}
-
-/// Polls `f` every 20 ms until it returns `Some`, for at most `limit`.
-async fn wait_for<T, F, Fut>(limit: Duration, mut f: F) -> Option<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f().await {
-            return Some(v);
-        }
-        if start.elapsed() > limit {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -46,24 +46,6 @@ pub fn failed_message<T: std::fmt::Debug>(what: &str, r: Result<T, EffectError>)
     }
 }
 
-/// Polls `f` every 20 ms until it returns `Some`, for at most `limit`.
-pub async fn wait_for<T, F, Fut>(limit: Duration, mut f: F) -> Option<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f().await {
-            return Some(v);
-        }
-        if start.elapsed() > limit {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// Asserts `t` lies between `before` (less a few ms of clock granularity) and now.
 pub fn assert_about_now(what: &str, t: Timestamp, before: Timestamp) {
     let after = now();
@@ -127,3 +109,5 @@ impl Cases {
         );
     }
 }
+
+pub use crate::support::wait_for;

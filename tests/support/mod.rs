@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod agent;
+pub mod containerd;
 pub mod nspawn;
 
 use std::path::{Path, PathBuf};
@@ -88,5 +89,23 @@ impl Drop for Lab {
             .args(["down", "--dir"])
             .arg(&self.dir)
             .status();
+    }
+}
+
+/// Polls `f` every 20 ms until it yields a value or `limit` passes.
+pub async fn wait_for<T, F, Fut>(limit: std::time::Duration, mut f: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        if start.elapsed() > limit {
+            return None;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
