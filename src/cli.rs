@@ -24,15 +24,23 @@ pub struct Cli {
 pub enum Command {
     /// Run the node agent (reconciles Machine and MachineOperations).
     Daemon(crate::daemon_cli::DaemonArgs),
-    /// Join this host to the cluster.
+    /// Join this host to the cluster (again: converge). Exit 78: a setting cannot work.
     Join {
-        #[arg(long)]
-        config: Option<PathBuf>,
+        /// YAML or JSON; see docs/config.md.
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
     },
-    /// Remove the agent and this node's runtime from the host.
+    /// Remove this node's machines, runtime files, units and links, and stop the agent.
     Reset {
+        /// Confirm.
         #[arg(long)]
         yes: bool,
+    },
+    /// Restore the last-good agent after a failed upgrade (run by the recovery unit).
+    #[command(hide = true)]
+    RecoverAgentUpgrade {
+        #[arg(long, default_value = crate::recover_cli::RECOVERY_MESSAGE)]
+        message: String,
     },
     /// Show the node's state; works while the daemon is stopped.
     Status {
@@ -53,6 +61,17 @@ pub enum Command {
     Version,
 }
 
+impl Command {
+    /// The daemon and the commands that act on the node (they log at info by default).
+    pub fn changes_node(&self) -> bool {
+        match self {
+            Self::Daemon(_) | Self::Join { .. } | Self::Reset { .. } => true,
+            Self::RecoverAgentUpgrade { .. } => true,
+            Self::Status { .. } | Self::History { .. } | Self::Op(_) | Self::Version => false,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Output {
     Human,
@@ -64,6 +83,8 @@ pub enum Output {
 pub const EXIT_CONFIG: u8 = 78;
 /// Exit status when there is no store to read.
 pub const EXIT_NO_STORE: u8 = 2;
+/// Exit status for a command line that needs more (e.g. `reset` without `--yes`).
+pub const EXIT_USAGE: u8 = 64;
 
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
@@ -91,8 +112,9 @@ pub fn run(cli: Cli) -> ExitCode {
             })
         }),
         Command::Daemon(args) => crate::daemon_cli::run(&cli.state, args),
-        Command::Join { .. } => not_yet("join", "the host install (issue #5)"),
-        Command::Reset { .. } => not_yet("reset", "the host install (issue #5)"),
+        Command::Join { config } => crate::join_cli::run(&cli.state, &config),
+        Command::Reset { yes } => crate::reset_cli::run(&cli.state, yes),
+        Command::RecoverAgentUpgrade { message } => crate::recover_cli::run(&cli.state, &message),
         Command::Op(args) => crate::opcli::run(args),
     }
 }
@@ -128,8 +150,26 @@ fn yaml<T: serde::Serialize>(v: &T) -> String {
     serde_saphyr::to_string(v).unwrap_or_default()
 }
 
-/// A subcommand a later issue implements: say so, never pretend success.
-fn not_yet(command: &str, by: &str) -> ExitCode {
-    eprintln!("flexnode {command}: not implemented yet (comes with {by})");
-    ExitCode::FAILURE
+/// Runs a command's future on a fresh runtime; an error is printed and exits 1.
+pub fn block_on(
+    command: &str,
+    fut: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("flexnode {command}: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(fut) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("flexnode {command}: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -4,20 +4,25 @@
 
 use crate::exec::{Clock, SystemClock};
 use crate::machine::state::InstallMode;
+use crate::node_host;
 use crate::reconcile::{DaemonConfig, client_from_kubeconfig};
 use crate::simlab::SimNode;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
+use tokio::signal::unix::{SignalKind, signal};
 
 #[derive(Debug, clap::Args)]
 pub struct DaemonArgs {
-    /// This node's name (= the Kubernetes Node and the Machine).
-    #[arg(long, env = "FLEXNODE_NODE")]
-    pub node: String,
-    /// The agent's credential (a client certificate for `system:flexnode:<node>`).
-    #[arg(long, env = "KUBECONFIG")]
-    pub kubeconfig: PathBuf,
+    /// The configuration `flexnode join` installed.
+    #[arg(long, value_name = "FILE", default_value = crate::config::CONFIG_PATH)]
+    pub config: PathBuf,
+    /// With `--simulated-host`: this node's name (= the Kubernetes Node and the Machine).
+    #[arg(long, env = "FLEXNODE_NODE", requires = "simulated_host")]
+    pub node: Option<String>,
+    /// With `--simulated-host`: the agent's credential.
+    #[arg(long, env = "KUBECONFIG", requires = "simulated_host")]
+    pub kubeconfig: Option<PathBuf>,
     /// Run against an in-memory simulated host (labs and demos): units, machines and agent
     /// builds are simulated; the store and the API server are real.
     #[arg(long)]
@@ -28,49 +33,68 @@ pub struct DaemonArgs {
 }
 
 pub fn run(state: &Path, args: DaemonArgs) -> ExitCode {
-    if !args.simulated_host {
-        eprintln!(
-            "flexnode daemon: real host effects (systemd, containerd) are not implemented yet; \
-             run with --simulated-host for a lab"
-        );
-        return ExitCode::FAILURE;
+    if args.simulated_host {
+        crate::cli::block_on("daemon", simulated(state, &args))
+    } else {
+        crate::cli::block_on("daemon", on_host(state, &args))
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("flexnode daemon: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
+}
+
+/// The agent on this host, until SIGTERM (systemd's stop) or SIGINT.
+async fn on_host(state: &Path, args: &DaemonArgs) -> anyhow::Result<()> {
+    let (config, client) = node_host::installed_config(&args.config).await?;
+    let exe = std::env::current_exe()?;
+    let running = node_host::running().ok_or_else(|| {
+        anyhow::anyhow!(
+            "{} is not an installed agent build; the agent runs as \
+             /opt/flexnode/current/flexnode (install it with `flexnode join`)",
+            exe.display()
+        )
+    })?;
+    let fx = node_host::effects().await?;
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let shutdown = async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: stopping"),
+            _ = int.recv() => tracing::info!("SIGINT: stopping"),
         }
     };
-    match runtime.block_on(simulated(state, &args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("flexnode daemon: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    tracing::info!(node = %config.node_name, build = %running, "flexnode daemon starting");
+    crate::reconcile::run(
+        DaemonConfig {
+            node_name: config.node_name,
+            state_path: state.to_path_buf(),
+            tick: Duration::from_millis(args.tick_ms.max(100)),
+        },
+        client,
+        fx.systemd,
+        fx.containerd,
+        fx.host,
+        running,
+        shutdown,
+    )
+    .await?;
+    Ok(())
 }
 
 /// The daemon over a simulated host, with systemd's part played here: a scheduled restart of
 /// the agent ends this daemon and starts the selected build's.
 async fn simulated(state: &Path, args: &DaemonArgs) -> anyhow::Result<()> {
-    let client = client_from_kubeconfig(&args.kubeconfig).await?;
+    let (Some(node), Some(kubeconfig)) = (&args.node, &args.kubeconfig) else {
+        anyhow::bail!("--simulated-host needs --node and --kubeconfig");
+    };
+    let client = client_from_kubeconfig(kubeconfig).await?;
     let mut sim = SimNode::new(state, SystemClock.now());
     sim.host.set_time_source(|| SystemClock.now());
     if sim.runner()?.state()?.node().is_none() {
-        sim.join(InstallMode::Host, &args.node).await?;
-        eprintln!(
-            "flexnode daemon: joined {} on the simulated host",
-            args.node
-        );
+        sim.join(InstallMode::Host, node).await?;
+        eprintln!("flexnode daemon: joined {node} on the simulated host");
     }
     sim.stop_process();
     let host = sim.host.clone();
     let config = DaemonConfig {
-        node_name: args.node.clone(),
+        node_name: node.clone(),
         state_path: state.to_path_buf(),
         tick: Duration::from_millis(args.tick_ms.max(100)),
     };
@@ -91,7 +115,7 @@ async fn simulated(state: &Path, args: &DaemonArgs) -> anyhow::Result<()> {
                 }
             }
         };
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let mut term = signal(SignalKind::terminate())?;
         let stop = async move {
             tokio::select! {
                 restarted = restart => restarted,

@@ -4,13 +4,18 @@
 //! and API server (with a simulated host); `exec` drives the core through them.
 pub mod api;
 pub mod cli;
+pub mod config;
 pub mod daemon_cli;
 pub mod effects;
 pub mod exec;
+pub mod join_cli;
 pub mod machine;
+pub mod node_host;
 pub mod opcli;
 pub mod reconcile;
+pub mod recover_cli;
 pub mod report;
+pub mod reset_cli;
 pub mod simlab;
 pub mod store;
 pub mod units;

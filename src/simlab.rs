@@ -42,7 +42,7 @@ impl Clock for SimClock {
 
 pub type SimRunner = Runner<SimHost, SimHost, SimHost, SimHost, SimClock>;
 
-pub const RECOVERY_MESSAGE: &str = "upgraded daemon failed repeatedly; restored last-good agent";
+pub use crate::recover_cli::RECOVERY_MESSAGE;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {

@@ -99,12 +99,66 @@ fn a_missing_store_exits_2_with_a_message() {
 }
 
 #[test]
-fn later_subcommands_say_not_implemented_and_fail() {
-    for args in [&["join"][..], &["reset"]] {
-        let out = flexnode(args);
-        assert_eq!(out.status.code(), Some(1), "{args:?}");
-        assert!(String::from_utf8_lossy(&out.stderr).contains("not implemented yet"));
+fn join_exits_78_naming_an_impossible_setting_and_never_leaks_the_credential() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let kc = dir.path().join("node.kubeconfig");
+    std::fs::write(
+        &kc,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\nusers:\n- name: u\n  user:\n    token: TOPSECRET\ncontexts:\n- name: x\n  context: {cluster: c, user: u}\ncurrent-context: x\n",
+    )
+    .expect("write");
+    let kc = kc.display().to_string();
+    let state = dir.path().join("state.db").display().to_string();
+    let cases = [
+        (
+            format!("nodeName: Bad_Name\nkubeconfig: {kc}\nkubernetesVersion: v1.34.12\n"),
+            "nodeName",
+        ),
+        (
+            format!("kubeconfig: {kc}\nkubernetesVersion: latest\n"),
+            "kubernetesVersion",
+        ),
+        (
+            format!("kubeconfig: {kc}\nkubernetesVersion: v1.34.12\ninstallMode: vm\n"),
+            "installMode",
+        ),
+        (
+            format!("kubeconfig: {kc}\nkubernetesVersion: v1.34.12\nnodeNmae: a\n"),
+            "nodeNmae",
+        ),
+        // The credential is group-readable (written with the default umask, 0644).
+        (
+            format!("nodeName: a\nkubeconfig: {kc}\nkubernetesVersion: v1.34.12\n"),
+            "kubeconfig",
+        ),
+    ];
+    for (i, (config, setting)) in cases.iter().enumerate() {
+        let path = dir.path().join(format!("join-{i}.yaml"));
+        std::fs::write(&path, config).expect("write config");
+        let out = flexnode(&[
+            "--state",
+            &state,
+            "join",
+            "--config",
+            &path.display().to_string(),
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{setting}: {stderr}");
+        assert!(
+            stderr.contains(&format!("impossible setting: {setting}")),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("TOPSECRET"), "{stderr}");
     }
+    // Nothing was created for a refused join.
+    assert!(!dir.path().join("state.db").exists());
+}
+
+#[test]
+fn reset_without_yes_explains_and_changes_nothing() {
+    let out = flexnode(&["reset"]);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--yes"));
     let out = flexnode(&["version"]);
     assert!(out.status.success());
     assert!(text(&out).starts_with("flexnode "));

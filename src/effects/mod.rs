@@ -3,7 +3,10 @@
 //! Kubernetes API; tests get the simulated host. Implementations are idempotent: the executor
 //! may call a method again after a crash, and it must then only finish what is missing.
 
+pub mod archive;
 pub mod containerd;
+pub mod host;
+pub mod lazy_containerd;
 pub mod sim;
 pub mod systemd;
 
@@ -79,6 +82,11 @@ pub trait Systemd: Send + Sync {
     fn start(&self, unit: &str) -> impl Future<Output = EffectResult> + Send;
     fn stop(&self, unit: &str) -> impl Future<Output = EffectResult> + Send;
     fn restart(&self, unit: &str) -> impl Future<Output = EffectResult> + Send;
+    /// Queues a start of `unit` and returns without waiting for its job: the unit may wait
+    /// for something the caller holds (the agent waits for the store this process has open).
+    fn start_no_wait(&self, unit: &str) -> impl Future<Output = EffectResult> + Send;
+    /// Queues a restart of `unit` without waiting (see `start_no_wait`).
+    fn restart_no_wait(&self, unit: &str) -> impl Future<Output = EffectResult> + Send;
     fn reset_failed(&self, unit: &str) -> impl Future<Output = EffectResult> + Send;
     /// A transient timer that restarts `unit` after `delay_ms`.
     fn schedule_restart(

@@ -433,6 +433,10 @@ impl Systemd for SimHost {
     async fn enable(&self, unit: &str) -> EffectResult {
         self.run("enable", unit, |w| {
             check_unit_name(unit)?;
+            // A machine unit is an instance of systemd's own template: its file always exists.
+            if World::machine_side(unit).is_some() {
+                return Ok(());
+            }
             match w.units.get_mut(unit).filter(|u| u.file) {
                 Some(u) => u.enabled = true,
                 None => {
@@ -482,6 +486,15 @@ impl Systemd for SimHost {
             }
             w.restart_unit(unit)
         })
+    }
+
+    // The simulated manager has no jobs to wait for.
+    async fn start_no_wait(&self, unit: &str) -> EffectResult {
+        self.start(unit).await
+    }
+
+    async fn restart_no_wait(&self, unit: &str) -> EffectResult {
+        self.restart(unit).await
     }
 
     async fn reset_failed(&self, unit: &str) -> EffectResult {

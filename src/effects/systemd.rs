@@ -633,6 +633,24 @@ impl Systemd for DbusSystemd {
         .map(drop)
     }
 
+    async fn start_no_wait(&self, unit: &str) -> EffectResult {
+        check_unit_name(unit)?;
+        self.manager
+            .start_unit(unit.to_string(), "replace".to_string())
+            .await
+            .map(drop)
+            .map_err(|e| bus_failed(&format!("start {unit}"), e))
+    }
+
+    async fn restart_no_wait(&self, unit: &str) -> EffectResult {
+        check_unit_name(unit)?;
+        self.manager
+            .restart_unit(unit.to_string(), "replace".to_string())
+            .await
+            .map(drop)
+            .map_err(|e| bus_failed(&format!("restart {unit}"), e))
+    }
+
     async fn reset_failed(&self, unit: &str) -> EffectResult {
         check_unit_name(unit)?;
         match self.manager.reset_failed_unit(unit.to_string()).await {

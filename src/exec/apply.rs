@@ -71,9 +71,10 @@ where
                 }
                 fx.systemd.daemon_reload().await
             }
+            // Not waited for: the agent waits for the store this process holds.
             Effect::StartAgent => {
                 fx.systemd.enable(AGENT_UNIT).await?;
-                fx.systemd.start(AGENT_UNIT).await
+                fx.systemd.start_no_wait(AGENT_UNIT).await
             }
             Effect::StageAgent { target, candidate } => {
                 match target {
@@ -139,7 +140,7 @@ where
             }
             Effect::RestartAgent => {
                 fx.systemd.reset_failed(AGENT_UNIT).await?;
-                fx.systemd.restart(AGENT_UNIT).await?;
+                fx.systemd.restart_no_wait(AGENT_UNIT).await?;
                 self.restart_requested = true;
                 Ok(())
             }
@@ -152,7 +153,9 @@ where
                 }
                 fx.host.provision_machine(*side, kubernetes_version).await
             }
+            // Enabled too, so the machine comes back when the host boots.
             Effect::StartMachine { side } => {
+                fx.systemd.enable(&machine_unit(*side)).await?;
                 if fx.systemd.machine_status(*side).await?.running {
                     return Ok(());
                 }
@@ -209,6 +212,7 @@ where
 
     async fn remove_machine(&self, side: Side) -> EffectResult {
         self.stop_machine(side).await?;
+        self.effects.systemd.disable(&machine_unit(side)).await?;
         if self.effects.host.machine_rootfs(side).await?.is_none() {
             return Ok(());
         }

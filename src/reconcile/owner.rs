@@ -60,7 +60,7 @@ where
     C: Containerd,
     H: Host,
 {
-    let store = Store::open(&config.state_path)?;
+    let store = Store::open_waiting(&config.state_path, STORE_PATIENCE).await?;
     let publisher = KubePublisher::new(client.clone(), &config.node_name);
     let effects = Effects {
         systemd,
@@ -79,6 +79,9 @@ where
     // Finish what a crash interrupted, publish what waits, judge a pending hand-off: before
     // any new work is claimed.
     owner.runner.start(running).await?;
+    // systemd (Type=notify) counts the agent started from here; the watchdog is fed by the
+    // owner loop itself, so a wedged loop gets the agent restarted.
+    notify(sd_notify::NotifyState::Ready);
 
     let (tx, mut rx) = mpsc::channel(256);
     let name = config.node_name.as_str();
@@ -103,7 +106,10 @@ where
                 Some(msg) => owner.handle(msg).await?,
                 None => break,
             },
-            _ = tick.tick() => owner.tick().await?,
+            _ = tick.tick() => {
+                owner.tick().await?;
+                notify(sd_notify::NotifyState::Watchdog);
+            }
         }
         // After a reset the agent's units are gone; so is the daemon.
         if matches!(owner.runner.state()?, NodeState::Unjoined { .. }) {
@@ -111,8 +117,19 @@ where
             break;
         }
     }
+    notify(sd_notify::NotifyState::Stopping);
     owner.runner.store.checkpoint()?;
     Ok(())
+}
+
+/// How long a starting daemon waits for the store held by the command that started it.
+const STORE_PATIENCE: Duration = Duration::from_secs(120);
+
+/// Tells systemd; a no-op outside a `Type=notify` unit.
+fn notify(state: sd_notify::NotifyState<'_>) {
+    if let Err(e) = sd_notify::notify(&[state]) {
+        tracing::warn!(error = %e, "sd_notify failed");
+    }
 }
 
 struct AbortOnDrop(Vec<tokio::task::AbortHandle>);

@@ -85,6 +85,20 @@ pub struct StoreReader {
 }
 
 impl Store {
+    /// Opens the store, waiting up to `patience` while another process holds it (the join
+    /// or recovery command that started this daemon is finishing its step).
+    pub async fn open_waiting(path: &Path, patience: Duration) -> Result<Self, StoreError> {
+        let deadline = std::time::Instant::now() + patience;
+        loop {
+            match Self::open(path) {
+                Err(StoreError::Locked(_)) if std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Opens (creating if needed) the store for writing.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let dir = path.parent().unwrap_or(Path::new("."));

@@ -1,0 +1,340 @@
+//! The node's configuration (`flexnode join --config FILE`, `/etc/flexnode/config.yaml`).
+//! Schema and the list of impossible settings: docs/config.md. An impossible setting is a
+//! `ConfigError` naming it; the CLI exits 78 for those, and the bootstrap unit never retries.
+
+use crate::machine::state::InstallMode;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// Where `join` installs the rendered configuration and the node's credential.
+pub const CONFIG_PATH: &str = "/etc/flexnode/config.yaml";
+pub const KUBECONFIG_PATH: &str = "/etc/flexnode/kubeconfig";
+/// Config files are refused above this size (they are a few hundred bytes).
+const MAX_FILE: u64 = 1 << 20;
+
+/// The file as written by an operator. Unknown keys are refused (a typo must not pass
+/// silently as a default).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ConfigFile {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubeconfig: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub install_mode: Option<String>,
+}
+
+/// A validated configuration: every field usable as is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub node_name: String,
+    pub kubeconfig: PathBuf,
+    pub kubernetes_version: String,
+    pub install_mode: InstallMode,
+}
+
+/// A setting that cannot work. Never carries file contents (a kubeconfig holds a key).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    pub setting: String,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.setting, self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn bad(setting: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        setting: setting.to_string(),
+        message: message.into(),
+    }
+}
+
+impl Config {
+    /// Reads and validates `path`. `hostname` is the default node name.
+    pub fn load(path: &Path, hostname: &str) -> Result<Self, ConfigError> {
+        let text = read_small(path, "config")?;
+        Self::parse(&text, hostname)
+    }
+
+    /// YAML or JSON (JSON is YAML).
+    pub fn parse(text: &str, hostname: &str) -> Result<Self, ConfigError> {
+        let file: ConfigFile = serde_saphyr::from_str(text).map_err(|e| {
+            let msg = e.to_string();
+            // serde names the offending key; the value is never echoed back.
+            let setting = msg
+                .split('`')
+                .nth(1)
+                .filter(|_| msg.contains("unknown field"))
+                .unwrap_or("config");
+            bad(setting, first_line(&msg))
+        })?;
+        file.validate(hostname)
+    }
+
+    /// The file `join` installs: the same settings, the credential at its installed path.
+    pub fn rendered(&self) -> ConfigFile {
+        ConfigFile {
+            node_name: Some(self.node_name.clone()),
+            kubeconfig: Some(PathBuf::from(KUBECONFIG_PATH)),
+            kubernetes_version: Some(self.kubernetes_version.clone()),
+            install_mode: Some(self.install_mode.as_str().to_string()),
+        }
+    }
+}
+
+impl ConfigFile {
+    pub fn validate(self, hostname: &str) -> Result<Config, ConfigError> {
+        let install_mode = match self.install_mode.as_deref().unwrap_or("host") {
+            "host" => InstallMode::Host,
+            "container" => {
+                return Err(bad(
+                    "installMode",
+                    "the container install is not available in this release; use \"host\"",
+                ));
+            }
+            _ => return Err(bad("installMode", "must be \"host\" or \"container\"")),
+        };
+        let node_name = match self.node_name {
+            Some(n) => n,
+            None => hostname.trim().to_ascii_lowercase(),
+        };
+        if !is_dns_subdomain(&node_name) {
+            return Err(bad(
+                "nodeName",
+                format!(
+                    "{node_name:?} is not a DNS-1123 name (lowercase letters, digits, '-' and '.', \
+                     at most 253 characters)"
+                ),
+            ));
+        }
+        let kubernetes_version = self
+            .kubernetes_version
+            .ok_or_else(|| bad("kubernetesVersion", "is required (for example v1.34.12)"))?;
+        if !is_kubernetes_version(&kubernetes_version) {
+            return Err(bad(
+                "kubernetesVersion",
+                format!("{kubernetes_version:?} is not a version like v1.34.12"),
+            ));
+        }
+        let kubeconfig = self.kubeconfig.ok_or_else(|| {
+            bad(
+                "kubeconfig",
+                "is required: the node's credential (a kubeconfig with a client certificate)",
+            )
+        })?;
+        check_kubeconfig(&kubeconfig)?;
+        Ok(Config {
+            node_name,
+            kubeconfig,
+            kubernetes_version,
+            install_mode,
+        })
+    }
+}
+
+/// The credential must be a private, readable kubeconfig naming a server and a user.
+fn check_kubeconfig(path: &Path) -> Result<(), ConfigError> {
+    if !path.is_absolute() {
+        return Err(bad("kubeconfig", "must be an absolute path"));
+    }
+    let meta = std::fs::metadata(path)
+        .map_err(|e| bad("kubeconfig", format!("{}: {e}", path.display())))?;
+    if !meta.is_file() {
+        return Err(bad(
+            "kubeconfig",
+            format!("{} is not a regular file", path.display()),
+        ));
+    }
+    if meta.permissions().mode() & 0o077 != 0 {
+        return Err(bad(
+            "kubeconfig",
+            format!(
+                "{} holds a private key and must not be accessible by group or others \
+                 (chmod 600)",
+                path.display()
+            ),
+        ));
+    }
+    if meta.uid() != current_uid(path) {
+        return Err(bad(
+            "kubeconfig",
+            format!(
+                "{} must be owned by the user running flexnode",
+                path.display()
+            ),
+        ));
+    }
+    let text = read_small(path, "kubeconfig")?;
+    let kc = kube::config::Kubeconfig::from_yaml(&text).map_err(|_| {
+        bad(
+            "kubeconfig",
+            format!("{} is not a kubeconfig", path.display()),
+        )
+    })?;
+    let has_server = kc
+        .clusters
+        .iter()
+        .any(|c| c.cluster.as_ref().and_then(|c| c.server.as_ref()).is_some());
+    if !has_server || kc.auth_infos.is_empty() {
+        return Err(bad(
+            "kubeconfig",
+            format!("{} names no API server or no user", path.display()),
+        ));
+    }
+    Ok(())
+}
+
+/// The owner of files we create: compare the credential's owner with it.
+fn current_uid(near: &Path) -> u32 {
+    std::fs::metadata("/proc/self")
+        .map(|m| m.uid())
+        .unwrap_or_else(|_| std::fs::metadata(near).map(|m| m.uid()).unwrap_or(0))
+}
+
+fn read_small(path: &Path, setting: &str) -> Result<String, ConfigError> {
+    let meta =
+        std::fs::metadata(path).map_err(|e| bad(setting, format!("{}: {e}", path.display())))?;
+    if meta.len() > MAX_FILE {
+        return Err(bad(
+            setting,
+            format!("{} is larger than 1 MiB", path.display()),
+        ));
+    }
+    std::fs::read_to_string(path).map_err(|e| bad(setting, format!("{}: {e}", path.display())))
+}
+
+fn first_line(s: &str) -> String {
+    s.lines().next().unwrap_or_default().to_string()
+}
+
+/// RFC 1123 subdomain, as Kubernetes requires of Node names.
+pub fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+fn is_kubernetes_version(s: &str) -> bool {
+    let Some(rest) = s.strip_prefix('v') else {
+        return false;
+    };
+    let parts: Vec<&str> = rest.split('.').collect();
+    parts.len() == 3
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.len() <= 4 && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kubeconfig(dir: &Path, mode: u32) -> PathBuf {
+        let p = dir.join("node.kubeconfig");
+        std::fs::write(
+            &p,
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://10.0.2.100:6443\nusers:\n- name: u\n  user:\n    token: SECRETTOKEN\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n",
+        )
+        .expect("write");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        p
+    }
+
+    fn setting(text: &str) -> String {
+        Config::parse(text, "host-a").expect_err("refused").setting
+    }
+
+    #[test]
+    fn valid_yaml_and_json_with_defaults() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let kc = kubeconfig(dir.path(), 0o600);
+        let yaml = format!(
+            "kubeconfig: {}\nkubernetesVersion: v1.34.12\n",
+            kc.display()
+        );
+        let c = Config::parse(&yaml, "Host-A\n").expect("valid");
+        assert_eq!(c.node_name, "host-a");
+        assert_eq!(c.install_mode, InstallMode::Host);
+        let json = format!(
+            r#"{{"nodeName": "n1", "kubeconfig": "{}", "kubernetesVersion": "v1.33.0", "installMode": "host"}}"#,
+            kc.display()
+        );
+        let c = Config::parse(&json, "x").expect("valid json");
+        assert_eq!(c.node_name, "n1");
+        let r = c.rendered();
+        assert_eq!(r.kubeconfig.as_deref(), Some(Path::new(KUBECONFIG_PATH)));
+    }
+
+    #[test]
+    fn impossible_settings_are_named() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let kc = kubeconfig(dir.path(), 0o600);
+        let k = kc.display();
+        assert_eq!(
+            setting(&format!(
+                "nodeName: Not_A_Name\nkubeconfig: {k}\nkubernetesVersion: v1.34.1\n"
+            )),
+            "nodeName"
+        );
+        assert_eq!(
+            setting(&format!("kubeconfig: {k}\nkubernetesVersion: 1.34\n")),
+            "kubernetesVersion"
+        );
+        assert_eq!(setting("kubernetesVersion: v1.34.1\n"), "kubeconfig");
+        assert_eq!(
+            setting(&format!(
+                "kubeconfig: {k}\nkubernetesVersion: v1.34.1\ninstallMode: container\n"
+            )),
+            "installMode"
+        );
+        assert_eq!(
+            setting(&format!(
+                "kubeconfig: {k}\nkubernetesVersion: v1.34.1\nnodename: x\n"
+            )),
+            "nodename"
+        );
+        assert_eq!(
+            setting("kubeconfig: relative/path\nkubernetesVersion: v1.34.1\n"),
+            "kubeconfig"
+        );
+        assert_eq!(setting("- not\n- a map\n"), "config");
+        let open = kubeconfig(&dir.path().join("."), 0o644);
+        let e = Config::parse(
+            &format!(
+                "kubeconfig: {}\nkubernetesVersion: v1.34.1\n",
+                open.display()
+            ),
+            "h",
+        )
+        .expect_err("group-readable credential");
+        assert!(e.message.contains("chmod 600"), "{e}");
+        assert!(!e.to_string().contains("SECRETTOKEN"));
+    }
+
+    #[test]
+    fn dns_names() {
+        assert!(is_dns_subdomain("node-a.example"));
+        for bad in ["", "-a", "a-", "A", "a_b", "a..b", &"a".repeat(64)] {
+            assert!(!is_dns_subdomain(bad), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,683 @@
+//! Agent archives for the host install (domain.md §3.4 "Archive rules"): download over http(s)
+//! to a 0600 temporary file while hashing, with a size cap enforced as the bytes arrive; check
+//! the SHA-256 in constant time; then take the single member `flexnode-linux-<arch>` out of the
+//! tar.gz and install it as `<dir>/flexnode` (0755) with a rename.
+//!
+//! Every error message is a fixed string plus the redacted URL ([`safe_url`]): never the query
+//! (it may hold a SAS token), never userinfo, never a redirect target. Temporary files are
+//! removed on every path, including a cancelled future.
+
+use super::{EffectError, EffectResult};
+use crate::machine::validate::{Arch, ArchiveUrl, Sha256Hex};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper::{Request, StatusCode, Uri, header};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use sha2::{Digest, Sha256};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+
+/// Largest archive accepted (`256<<20`).
+pub const MAX_ARCHIVE_BYTES: u64 = 256 << 20;
+/// Largest member accepted.
+pub const MAX_MEMBER_BYTES: u64 = 256 << 20;
+/// Largest decompressed stream read from the archive.
+pub const MAX_UNPACKED_BYTES: u64 = 2 * (256 << 20);
+/// Redirects followed at most.
+pub const MAX_REDIRECTS: usize = 10;
+/// The name an installed agent binary has in its slot.
+pub const BINARY_NAME: &str = "flexnode";
+
+/// The one member an agent archive holds for `arch`: `flexnode-linux-<arch>`.
+pub fn member_name(arch: Arch) -> Option<String> {
+    match arch {
+        Arch::Amd64 | Arch::Arm64 => Some(format!("flexnode-linux-{}", arch.as_str())),
+        Arch::Unsupported => None,
+    }
+}
+
+/// The URL as messages may show it: no userinfo, no query (replaced by `?<redacted>`), no
+/// fragment. For a validated URL this is exactly `ArchiveUrl`'s `Display`.
+pub fn safe_url(url: &ArchiveUrl) -> String {
+    let raw = url.expose();
+    let cut = raw.find(['?', '#']).unwrap_or(raw.len());
+    let (base, rest) = raw.split_at(cut);
+    let base = match base.split_once("://") {
+        Some((scheme, after)) => {
+            let auth_end = after.find('/').unwrap_or(after.len());
+            let (authority, path) = after.split_at(auth_end);
+            let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+            format!("{scheme}://{host}{path}")
+        }
+        None => base.to_string(),
+    };
+    if rest.starts_with('?') {
+        format!("{base}?<redacted>")
+    } else {
+        base
+    }
+}
+
+/// SHA-256 comparison that looks at every byte whatever the inputs (no early exit).
+pub fn digest_matches(actual: &[u8; 32], expected: &Sha256Hex) -> bool {
+    let mut want = [0u8; 32];
+    let decoded = hex::decode_to_slice(expected.as_str(), &mut want).is_ok();
+    let diff = actual
+        .iter()
+        .zip(want.iter())
+        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+    std::hint::black_box(diff) == 0 && decoded
+}
+
+/// Why a redirect is not followed. Fixed strings only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RedirectRefusal {
+    TooMany,
+    MissingLocation,
+    InvalidLocation,
+    UnsupportedScheme,
+    Downgrade,
+    Credentials,
+}
+
+impl RedirectRefusal {
+    pub fn message(self) -> &'static str {
+        match self {
+            Self::TooMany => "too many redirects",
+            Self::MissingLocation => "redirect without a location",
+            Self::InvalidLocation => "redirect to an invalid location",
+            Self::UnsupportedScheme => "redirect to a scheme other than http or https",
+            Self::Downgrade => "redirect from https to http refused",
+            Self::Credentials => "redirect to a URL with credentials refused",
+        }
+    }
+}
+
+/// Where a redirect from `from` leads, after `followed` earlier redirects. The policy: at most
+/// [`MAX_REDIRECTS`], http(s) only, never from https to http, never credentials in the target.
+pub fn redirect_target(
+    from: &url::Url,
+    location: Option<&str>,
+    followed: usize,
+    max: usize,
+) -> Result<url::Url, RedirectRefusal> {
+    if followed >= max {
+        return Err(RedirectRefusal::TooMany);
+    }
+    let location = location.ok_or(RedirectRefusal::MissingLocation)?;
+    let mut next = from
+        .join(location)
+        .map_err(|_| RedirectRefusal::InvalidLocation)?;
+    match next.scheme() {
+        "https" => {}
+        "http" if from.scheme() == "https" => return Err(RedirectRefusal::Downgrade),
+        "http" => {}
+        _ => return Err(RedirectRefusal::UnsupportedScheme),
+    }
+    if !next.username().is_empty() || next.password().is_some() {
+        return Err(RedirectRefusal::Credentials);
+    }
+    if next.host_str().is_none_or(str::is_empty) {
+        return Err(RedirectRefusal::InvalidLocation);
+    }
+    next.set_fragment(None);
+    Ok(next)
+}
+
+/// Size caps of one archive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArchiveLimits {
+    pub max_download: u64,
+    pub max_member: u64,
+    pub max_unpacked: u64,
+}
+
+impl Default for ArchiveLimits {
+    fn default() -> Self {
+        Self {
+            max_download: MAX_ARCHIVE_BYTES,
+            max_member: MAX_MEMBER_BYTES,
+            max_unpacked: MAX_UNPACKED_BYTES,
+        }
+    }
+}
+
+/// Downloads, verifies and installs agent archives.
+#[derive(Clone, Debug)]
+pub struct ArchiveFetcher {
+    limits: ArchiveLimits,
+    connect_timeout: Duration,
+    read_timeout: Duration,
+    total_timeout: Duration,
+    max_redirects: usize,
+}
+
+impl Default for ArchiveFetcher {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A file removed when dropped unless it was kept.
+#[derive(Debug)]
+pub(crate) struct TempFile {
+    path: PathBuf,
+    keep: bool,
+}
+
+impl TempFile {
+    /// A fresh, unused name in `dir` (the file is not created).
+    pub(crate) fn name_in(dir: &Path, stem: &str) -> EffectResult<Self> {
+        let mut suffix = [0u8; 8];
+        getrandom::fill(&mut suffix)
+            .map_err(|e| EffectError::Failed(format!("random temporary name: {e}")))?;
+        Ok(Self {
+            path: dir.join(format!(".{stem}.{}.tmp", hex::encode(suffix))),
+            keep: false,
+        })
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file was renamed into place: nothing is left to remove.
+    pub(crate) fn keep(mut self) {
+        self.keep = true;
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if !self.keep {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// fsync of a directory, after a rename in it.
+pub(crate) fn sync_dir(dir: &Path) -> EffectResult {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| EffectError::Failed(format!("fsync {}: {e}", dir.display())))
+}
+
+/// A downloaded archive in its temporary file (removed when this is dropped).
+#[derive(Debug)]
+pub struct Download {
+    file: TempFile,
+    size: u64,
+    sha256: [u8; 32],
+}
+
+impl Download {
+    pub fn path(&self) -> &Path {
+        self.file.path()
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    pub fn sha256(&self) -> &[u8; 32] {
+        &self.sha256
+    }
+}
+
+type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Empty<Bytes>>;
+
+impl ArchiveFetcher {
+    /// Production limits: 256 MiB, 10 redirects, connect 15 s, read 60 s, whole download 10 min.
+    pub fn new() -> Self {
+        Self {
+            limits: ArchiveLimits::default(),
+            connect_timeout: Duration::from_secs(15),
+            read_timeout: Duration::from_secs(60),
+            total_timeout: Duration::from_secs(600),
+            max_redirects: MAX_REDIRECTS,
+        }
+    }
+
+    pub fn with_limits(mut self, limits: ArchiveLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Connect timeout, read timeout (per wait for headers or the next body chunk) and the
+    /// limit on the whole download.
+    pub fn with_timeouts(mut self, connect: Duration, read: Duration, total: Duration) -> Self {
+        self.connect_timeout = connect;
+        self.read_timeout = read;
+        self.total_timeout = total;
+        self
+    }
+
+    pub fn limits(&self) -> ArchiveLimits {
+        self.limits
+    }
+
+    /// Download, digest check and install of `flexnode-linux-<arch>` as `<dir>/flexnode`.
+    /// `dir` must exist; only temporary files in it and the final rename touch it.
+    pub async fn install(
+        &self,
+        url: &ArchiveUrl,
+        sha256: &Sha256Hex,
+        arch: Arch,
+        dir: &Path,
+    ) -> EffectResult {
+        let member = member_name(arch).ok_or_else(|| {
+            EffectError::Failed("this node's CPU architecture has no agent build".into())
+        })?;
+        let download = self.download(url, dir).await?;
+        if !digest_matches(download.sha256(), sha256) {
+            return Err(EffectError::Failed(format!(
+                "archive downloaded from {} does not match sha256 {}",
+                safe_url(url),
+                sha256.short()
+            )));
+        }
+        let limits = self.limits;
+        let dir = dir.to_path_buf();
+        let shown = safe_url(url);
+        tokio::task::spawn_blocking(move || {
+            let result = install_member(download.path(), &member, &dir, BINARY_NAME, limits);
+            drop(download);
+            result.map_err(|e| EffectError::Failed(format!("archive from {shown}: {e}")))
+        })
+        .await
+        .map_err(|e| EffectError::Failed(format!("archive install task: {e}")))?
+    }
+
+    /// Downloads `url` into a 0600 temporary file in `dir`, hashing as it goes.
+    pub async fn download(&self, url: &ArchiveUrl, dir: &Path) -> EffectResult<Download> {
+        let shown = safe_url(url);
+        match tokio::time::timeout(self.total_timeout, self.download_inner(url, dir, &shown)).await
+        {
+            Ok(result) => result,
+            Err(_) => Err(EffectError::Failed(format!(
+                "download of {shown} failed: timed out"
+            ))),
+        }
+    }
+
+    async fn download_inner(
+        &self,
+        url: &ArchiveUrl,
+        dir: &Path,
+        shown: &str,
+    ) -> EffectResult<Download> {
+        let failed =
+            |what: &str| EffectError::Failed(format!("download of {shown} failed: {what}"));
+        let mut current = url::Url::parse(url.expose()).map_err(|_| failed("invalid URL"))?;
+        if !matches!(current.scheme(), "http" | "https") {
+            return Err(failed("URL must use http or https"));
+        }
+        if !current.username().is_empty() || current.password().is_some() {
+            return Err(failed("URL must not contain credentials"));
+        }
+        current.set_fragment(None);
+        let client = self.client().map_err(|e| failed(&e))?;
+        let mut followed = 0usize;
+        let response = loop {
+            let uri: Uri = current
+                .as_str()
+                .parse()
+                .map_err(|_| failed("invalid URL"))?;
+            let request = Request::get(uri)
+                .header(
+                    header::USER_AGENT,
+                    concat!("flexnode/", env!("CARGO_PKG_VERSION")),
+                )
+                .body(Empty::<Bytes>::new())
+                .map_err(|_| failed("invalid request"))?;
+            let response = tokio::time::timeout(self.read_timeout, client.request(request))
+                .await
+                .map_err(|_| failed("timed out waiting for a response"))?
+                .map_err(|e| failed(&transport_error(&e)))?;
+            let status = response.status();
+            if is_redirect(status) {
+                let location = response
+                    .headers()
+                    .get(header::LOCATION)
+                    .and_then(|v| v.to_str().ok());
+                current = redirect_target(&current, location, followed, self.max_redirects)
+                    .map_err(|r| failed(r.message()))?;
+                followed += 1;
+                continue;
+            }
+            if status != StatusCode::OK {
+                return Err(failed(&format!("HTTP {}", status.as_u16())));
+            }
+            break response;
+        };
+        let cap = self.limits.max_download;
+        let declared = response
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        if declared.is_some_and(|n| n > cap) {
+            return Err(failed(&too_large(cap)));
+        }
+
+        let file = TempFile::name_in(dir, "flexnode-download")?;
+        let mut out = tokio::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(file.path())
+            .await
+            .map_err(|e| {
+                EffectError::Failed(format!(
+                    "download of {shown} failed: create temporary file in {}: {}",
+                    dir.display(),
+                    e.kind()
+                ))
+            })?;
+        let write_failed = |e: std::io::Error| {
+            EffectError::Failed(format!(
+                "download of {shown} failed: write temporary file in {}: {}",
+                dir.display(),
+                e.kind()
+            ))
+        };
+        let mut hasher = Sha256::new();
+        let mut size = 0u64;
+        let mut body = response.into_body();
+        loop {
+            let frame = tokio::time::timeout(self.read_timeout, body.frame())
+                .await
+                .map_err(|_| failed("timed out reading the body"))?;
+            let Some(frame) = frame else { break };
+            let frame = frame.map_err(|e| failed(&transport_error(&e)))?;
+            let Ok(chunk) = frame.into_data() else {
+                continue;
+            };
+            size = size.saturating_add(chunk.len() as u64);
+            if size > cap {
+                return Err(failed(&too_large(cap)));
+            }
+            hasher.update(&chunk);
+            out.write_all(&chunk).await.map_err(write_failed)?;
+        }
+        if declared.is_some_and(|n| n != size) {
+            return Err(failed("body shorter than its Content-Length"));
+        }
+        out.flush().await.map_err(write_failed)?;
+        drop(out);
+        let mut sha256 = [0u8; 32];
+        sha256.copy_from_slice(&hasher.finalize());
+        Ok(Download { file, size, sha256 })
+    }
+
+    fn client(&self) -> Result<HttpsClient, String> {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(self.connect_timeout));
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let builder = hyper_rustls::HttpsConnectorBuilder::new();
+        // Without trusted roots, plain http still works and https fails at the handshake.
+        let builder = match builder.with_provider_and_native_roots(provider.clone()) {
+            Ok(b) => b,
+            Err(_) => {
+                let config = rustls::ClientConfig::builder_with_provider(provider)
+                    .with_safe_default_protocol_versions()
+                    .map_err(|_| "TLS setup failed".to_string())?
+                    .with_root_certificates(rustls::RootCertStore::empty())
+                    .with_no_client_auth();
+                hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(config)
+            }
+        };
+        let connector = builder.https_or_http().enable_http1().wrap_connector(http);
+        Ok(Client::builder(TokioExecutor::new()).build(connector))
+    }
+}
+
+fn is_redirect(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 301 | 302 | 303 | 307 | 308)
+}
+
+fn too_large(cap: u64) -> String {
+    format!("archive is larger than {} MiB", cap >> 20)
+}
+
+/// A transport error as a fixed description: the kind of I/O or TLS failure, never a URL.
+fn transport_error(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    let mut connect = false;
+    let mut kind: Option<std::io::ErrorKind> = None;
+    while let Some(err) = source {
+        if let Some(c) = err.downcast_ref::<hyper_util::client::legacy::Error>() {
+            connect |= c.is_connect();
+        }
+        if let Some(tls) = err.downcast_ref::<rustls::Error>() {
+            return format!("TLS: {tls}");
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            // The innermost specific kind wins over wrappers' `Other`.
+            if kind.is_none() || io.kind() != std::io::ErrorKind::Other {
+                kind = Some(io.kind());
+            }
+            if let Some(inner) = io.get_ref() {
+                source = Some(inner);
+                continue;
+            }
+        }
+        source = err.source();
+    }
+    let what = if connect { "connect" } else { "transfer" };
+    match kind {
+        Some(kind) => format!("{what}: {kind}"),
+        None if connect => "could not connect".into(),
+        None => "transfer failed".into(),
+    }
+}
+
+/// A reader that fails once more than `left` bytes come through it.
+struct Capped<R> {
+    inner: R,
+    left: u64,
+}
+
+impl<R: Read> Read for Capped<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        let n64 = n as u64;
+        if n64 > self.left {
+            return Err(std::io::Error::other(UNPACKED_TOO_LARGE));
+        }
+        self.left -= n64;
+        Ok(n)
+    }
+}
+
+const UNPACKED_TOO_LARGE: &str = "decompressed archive is too large";
+
+/// The error (possibly wrapped by the tar reader) is the [`Capped`] limit.
+fn hit_unpacked_cap(e: &std::io::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if err.to_string() == UNPACKED_TOO_LARGE {
+            return true;
+        }
+        if let Some(inner) = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::get_ref)
+        {
+            if inner.to_string() == UNPACKED_TOO_LARGE {
+                return true;
+            }
+            source = inner.source();
+            continue;
+        }
+        source = err.source();
+    }
+    false
+}
+
+/// Takes the single regular member `member` out of the tar.gz at `archive` and installs it as
+/// `<dir>/<name>` (0755) with a rename. Anything but exactly that one member is refused. The
+/// message of an error is a fixed string (plus the directory).
+pub fn install_member(
+    archive: &Path,
+    member: &str,
+    dir: &Path,
+    name: &str,
+    limits: ArchiveLimits,
+) -> Result<(), String> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let file = std::fs::File::open(archive).map_err(|e| format!("open: {}", e.kind()))?;
+    let gz = flate2::read::GzDecoder::new(std::io::BufReader::new(file));
+    let mut tar = tar::Archive::new(Capped {
+        inner: gz,
+        left: limits.max_unpacked,
+    });
+    let unreadable = |e: std::io::Error| {
+        if hit_unpacked_cap(&e) {
+            UNPACKED_TOO_LARGE.to_string()
+        } else {
+            "not a readable tar.gz archive".to_string()
+        }
+    };
+    let mut installed: Option<TempFile> = None;
+    for entry in tar.entries().map_err(unreadable)? {
+        let mut entry = entry.map_err(unreadable)?;
+        if installed.is_some() {
+            return Err("archive must contain exactly one member".into());
+        }
+        if entry.path_bytes().as_ref() != member.as_bytes() {
+            return Err(format!("archive member must be named exactly {member}"));
+        }
+        if entry.header().entry_type() != tar::EntryType::Regular {
+            return Err(format!("archive member {member} must be a regular file"));
+        }
+        let size = entry.size();
+        if size == 0 || size > limits.max_member {
+            return Err(format!(
+                "archive member {member} must hold 1 byte to {} MiB",
+                limits.max_member >> 20
+            ));
+        }
+        let temp = TempFile::name_in(dir, name).map_err(|e| e.to_string())?;
+        let mut out = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(temp.path())
+            .map_err(|e| format!("create temporary file in {}: {}", dir.display(), e.kind()))?;
+        let copied = std::io::copy(&mut (&mut entry).take(size), &mut out).map_err(unreadable)?;
+        if copied != size {
+            return Err("archive is truncated".into());
+        }
+        let write_failed =
+            |e: std::io::Error| format!("write {name} in {}: {}", dir.display(), e.kind());
+        out.flush().map_err(write_failed)?;
+        out.set_permissions(std::fs::Permissions::from_mode(0o755))
+            .map_err(write_failed)?;
+        out.sync_all().map_err(write_failed)?;
+        installed = Some(temp);
+    }
+    let temp = installed.ok_or_else(|| "archive must contain exactly one member".to_string())?;
+    let target = dir.join(name);
+    std::fs::rename(temp.path(), &target)
+        .map_err(|e| format!("install {}: {}", target.display(), e.kind()))?;
+    temp.keep();
+    sync_dir(dir).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn url(s: &str) -> ArchiveUrl {
+        serde_json::from_value(serde_json::Value::String(s.into())).expect("url")
+    }
+
+    #[test]
+    fn safe_url_drops_query_userinfo_fragment() {
+        assert_eq!(
+            safe_url(&url("https://h.example/a/b.tgz?sig=SECRET&x=1")),
+            "https://h.example/a/b.tgz?<redacted>"
+        );
+        assert_eq!(
+            safe_url(&url("https://user:pw@h.example:8443/b.tgz#frag")),
+            "https://h.example:8443/b.tgz"
+        );
+        assert_eq!(
+            safe_url(&url("https://h.example/b.tgz")),
+            "https://h.example/b.tgz"
+        );
+        let validated = url("https://h.example/x.tgz?se=1&sig=abc");
+        assert_eq!(safe_url(&validated), validated.to_string());
+    }
+
+    #[test]
+    fn redirect_policy() {
+        let https = url::Url::parse("https://a.example/x/y.tgz?sig=1").expect("url");
+        let http = url::Url::parse("http://a.example/x/y.tgz").expect("url");
+        assert_eq!(
+            redirect_target(&https, Some("/z.tgz"), 0, 10).map(|u| u.to_string()),
+            Ok("https://a.example/z.tgz".to_string())
+        );
+        assert_eq!(
+            redirect_target(&https, Some("https://b.example/q#f"), 9, 10).map(|u| u.to_string()),
+            Ok("https://b.example/q".to_string())
+        );
+        assert_eq!(
+            redirect_target(&https, Some("http://a.example/z.tgz"), 0, 10),
+            Err(RedirectRefusal::Downgrade)
+        );
+        assert_eq!(
+            redirect_target(&http, Some("https://a.example/z.tgz"), 0, 10)
+                .map(|u| u.scheme().to_string()),
+            Ok("https".to_string())
+        );
+        assert_eq!(
+            redirect_target(&http, Some("ftp://a.example/z"), 0, 10),
+            Err(RedirectRefusal::UnsupportedScheme)
+        );
+        assert_eq!(
+            redirect_target(&http, Some("http://u:p@a.example/z"), 0, 10),
+            Err(RedirectRefusal::Credentials)
+        );
+        assert_eq!(
+            redirect_target(&http, None, 0, 10),
+            Err(RedirectRefusal::MissingLocation)
+        );
+        assert_eq!(
+            redirect_target(&http, Some("/z"), 10, 10),
+            Err(RedirectRefusal::TooMany)
+        );
+    }
+
+    #[test]
+    fn digest_compare() {
+        let hex = "00".repeat(31) + "ff";
+        let expected = Sha256Hex::parse(&hex).expect("hex");
+        let mut actual = [0u8; 32];
+        actual[31] = 0xff;
+        assert!(digest_matches(&actual, &expected));
+        actual[0] = 1;
+        assert!(!digest_matches(&actual, &expected));
+        actual[0] = 0;
+        actual[31] = 0xfe;
+        assert!(!digest_matches(&actual, &expected));
+    }
+
+    #[test]
+    fn member_names() {
+        assert_eq!(
+            member_name(Arch::Amd64).as_deref(),
+            Some("flexnode-linux-amd64")
+        );
+        assert_eq!(
+            member_name(Arch::Arm64).as_deref(),
+            Some("flexnode-linux-arm64")
+        );
+        assert_eq!(member_name(Arch::Unsupported), None);
+    }
+}

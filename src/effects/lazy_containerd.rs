@@ -1,0 +1,45 @@
+//! containerd connected on first use: a host install never needs it for archive upgrades,
+//! and a daemon must not fail to start because containerd is down.
+
+use super::containerd::GrpcContainerd;
+use super::{Containerd, EffectResult};
+use crate::machine::validate::Sha256Hex;
+use std::path::PathBuf;
+use tokio::sync::OnceCell;
+
+#[derive(Debug)]
+pub struct LazyContainerd {
+    socket: PathBuf,
+    namespace: String,
+    client: OnceCell<GrpcContainerd>,
+}
+
+impl LazyContainerd {
+    pub fn new(socket: impl Into<PathBuf>, namespace: &str) -> Self {
+        Self {
+            socket: socket.into(),
+            namespace: namespace.to_string(),
+            client: OnceCell::new(),
+        }
+    }
+
+    async fn client(&self) -> EffectResult<&GrpcContainerd> {
+        self.client
+            .get_or_try_init(|| GrpcContainerd::connect(&self.socket, &self.namespace))
+            .await
+    }
+}
+
+impl Containerd for LazyContainerd {
+    async fn pull(&self, reference: &str, digest: &Sha256Hex) -> EffectResult {
+        self.client().await?.pull(reference, digest).await
+    }
+
+    async fn image_present(&self, digest: &Sha256Hex) -> EffectResult<bool> {
+        self.client().await?.image_present(digest).await
+    }
+
+    async fn remove_agent_image(&self, digest: &Sha256Hex) -> EffectResult {
+        self.client().await?.remove_agent_image(digest).await
+    }
+}
