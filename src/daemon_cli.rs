@@ -138,6 +138,7 @@ async fn simulated(state: &Path, args: &DaemonArgs) -> anyhow::Result<()> {
         );
         daemon.await?;
         if !rx.await.unwrap_or(false) {
+            host.agent_exited();
             return Ok(());
         }
         eprintln!("flexnode daemon: restart timer fired; starting the selected agent build");

@@ -8,7 +8,7 @@ use crate::exec::{Clock, ExecError, Fed, Runner};
 use crate::machine::input::{Claim, ClaimKind, JoinRequest};
 use crate::machine::state::{AgentBuild, Goal, InstallMode, OpRef, Slot};
 use crate::machine::validate::{Arch, Sha256Hex};
-use crate::machine::{Input, Timestamp};
+use crate::machine::{Input, NodeState, Timestamp};
 use crate::store::Store;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -110,9 +110,18 @@ impl SimNode {
     pub async fn feed(&mut self, input: Input) -> Result<Fed, SimError> {
         self.sync_clock();
         match self.runner()?.feed(input).await {
+            // A reset ends the daemon process.
+            Ok(fed) if matches!(&fed, Fed::Accepted(s) if matches!(**s, NodeState::Unjoined { .. })) =>
+            {
+                self.host.agent_exited();
+                self.stop_process();
+                Ok(fed)
+            }
             Ok(fed) => Ok(fed),
             Err(ExecError::Crashed) => {
                 self.died();
+                // The agent's process is gone: its unit is not active until systemd starts it.
+                self.host.agent_exited();
                 if self.host.selected_build().is_some() {
                     self.boot().await
                 } else {

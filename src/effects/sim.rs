@@ -176,6 +176,11 @@ impl SimHost {
     }
 
     /// systemd (re)started the agent unit (a new agent process).
+    /// The agent's process exited on its own (after a reset): its unit is inactive.
+    pub fn agent_exited(&self) {
+        self.world().stop_unit(super::AGENT_UNIT);
+    }
+
     pub fn agent_started(&self) {
         let mut w = self.world();
         let now = w.now;

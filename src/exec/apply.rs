@@ -179,8 +179,7 @@ where
                 }
                 Ok(())
             }
-            // The bootstrap unit goes first (it would re-join), the agent unit last (stopping
-            // it ends this process).
+            // The bootstrap unit goes first (it would re-join), the agent unit last.
             Effect::UninstallAgent => {
                 fx.systemd.disable(BOOTSTRAP_UNIT).await?;
                 self.stop_unit(BOOTSTRAP_UNIT).await?;
@@ -190,6 +189,12 @@ where
                 }
                 fx.systemd.daemon_reload().await?;
                 fx.host.remove_agent_links().await?;
+                // The daemon is the agent unit's process: a stop job would wait for its own
+                // death. It exits once this step is recorded (the node is Unjoined then), which
+                // leaves the unit inactive and, without its file, gone.
+                if self.daemon {
+                    return Ok(());
+                }
                 self.stop_unit(AGENT_UNIT).await
             }
         }

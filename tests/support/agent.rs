@@ -61,16 +61,19 @@ impl Agent {
         };
         let (client, host) = (self.client.clone(), self.host.clone());
         self.task = Some(tokio::spawn(async move {
-            flexnode::reconcile::run(
+            let result = flexnode::reconcile::run(
                 config,
                 client,
                 host.clone(),
                 host.clone(),
-                host,
+                host.clone(),
                 running,
                 std::future::pending(),
             )
-            .await
+            .await;
+            // The process exits: its unit is no longer active.
+            host.agent_exited();
+            result
         }));
     }
 
