@@ -1,0 +1,927 @@
+#!/usr/bin/env python3
+"""e2e/host/suite.py — the host-install suite, run by `e2e/run host` in a fresh lab.
+
+  suite.py --lab DIR [--only a,b,...] [--list]
+
+DIR is a lab `e2e/run` brought up without the join (its `state` file names the guest, the node,
+the control plane, the artifact server and the binaries). Each named check prints
+`PASS name (12.3 s)` or `FAIL name (12.3 s): reason`; the run ends with `N passed, M failed in
+T s` and exits 1 if any check failed. Checks assert what the node and the API really show:
+MachineOperation phase/reason/message/completedAt (kubectl with the admin kubeconfig, plus a
+watch recording every state each operation went through), the guest's links, units,
+processes, journal, `flexnode status -o json`, the nspawn machine kube1, boot_id.
+Python 3 stdlib only.
+"""
+
+import argparse
+import calendar
+import json
+import os
+import re
+import secrets
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+TERMINAL = ("Complete", "Failed")
+TERMINAL_REASONS = ("Succeeded", "InvalidParameters", "ExecutionFailed", "DaemonFailed",
+                    "UnsupportedOperation")
+SLOT_RE = re.compile(r"^/opt/flexnode/lib/flexnode-(blue|green)$")
+
+
+def slot_path(link):
+    """The absolute slot directory a link under /opt/flexnode names ('' for none)."""
+    if not link:
+        return ""
+    return os.path.normpath(os.path.join("/opt/flexnode", link))
+MSG_UPGRADE_DONE = "AgentUpgrade completed"
+MSG_REBOOT_DONE = "NodeReboot completed"
+MSG_RESET_DONE = "AgentReset completed"
+
+
+class Fail(Exception):
+    pass
+
+
+def need(cond, msg):
+    if not cond:
+        raise Fail(msg)
+
+
+def detail(msg):
+    print("    " + msg, flush=True)
+
+
+def wait_until(desc, fn, timeout, interval=2.0):
+    """Calls fn until it returns a truthy value; Fail after timeout (with the last value)."""
+    deadline = time.time() + timeout
+    last = None
+    while True:
+        try:
+            v = fn()
+        except Fail as e:
+            last = str(e)
+        except subprocess.TimeoutExpired as e:
+            last = "timeout: %s" % e
+        else:
+            if v:
+                return v
+            last = repr(v)
+        if time.time() > deadline:
+            raise Fail("timed out after %ds waiting for %s (last: %s)" % (timeout, desc, last))
+        time.sleep(interval)
+
+
+def parse_time(s):
+    """RFC 3339 (as the API writes metav1.Time) -> unix seconds."""
+    if not s:
+        return None
+    s = s.rstrip("Z").split(".")[0].split("+")[0]
+    return calendar.timegm(time.strptime(s, "%Y-%m-%dT%H:%M:%S"))
+
+
+# ------------------------------------------------------------------------------------ the lab
+
+class Lab:
+    def __init__(self, d):
+        self.dir = d
+        st = {}
+        with open(os.path.join(d, "state")) as fh:
+            for line in fh:
+                k, _, v = line.rstrip("\n").partition("=")
+                st[k] = v
+        self.st = st
+        self.node = st["NODE"]
+        self.guest = st["GUEST"]
+        self.kubectl_bin = st["KUBECTL"]
+        self.kubeconfig = st["KUBECONFIG"]
+        self.flexnode = st["FLEXNODE_BIN"]
+        self.art = st["GUEST_ART"]
+        self.sha_good = st["SHA_GOOD"]
+        self.sha_broken = st["SHA_BROKEN"]
+        self.repo = st["REPO"]
+        self.qemu_run = os.path.join(self.repo, "e2e/qemu/run")
+        self.art_log = os.path.join(d, "logs/artifacts.log")
+        self.ctl = os.path.join(d, "ssh-master")
+        self.master = None
+        self.ssh_opts = [
+            "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+            "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+            "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=4",
+            "-o", "ControlPath=" + self.ctl, "-i", st["KEY"], "-p", st["SSH_PORT"]]
+
+    # -- guest access
+    def _master_up(self):
+        if self.master is not None and self.master.poll() is None:
+            return
+        self.master = subprocess.Popen(
+            ["ssh", *self.ssh_opts, "-o", "ControlMaster=yes", "-o", "ControlPersist=no", "-N",
+             "root@127.0.0.1"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
+        for _ in range(60):
+            if os.path.exists(self.ctl):
+                return
+            if self.master.poll() is not None:
+                return  # guest not reachable now; clients connect directly (and fail or not)
+            time.sleep(0.25)
+
+    def drop_ssh(self):
+        """Ends our ssh control master (before a power cut or reboot: it would hang on a dead peer)."""
+        if self.master is not None and self.master.poll() is None:
+            self.master.terminate()
+            try:
+                self.master.wait(5)
+            except subprocess.TimeoutExpired:
+                self.master.kill()
+                self.master.wait()
+        self.master = None
+        try:
+            os.unlink(self.ctl)
+        except OSError:
+            pass
+
+    def ssh(self, script, timeout=120, inp=None):
+        """(rc, stdout, stderr) of a root shell script in the guest."""
+        self._master_up()
+        p = subprocess.run(["ssh", *self.ssh_opts, "-o", "ControlMaster=no", "root@127.0.0.1", script],
+                           input=inp, capture_output=True, text=True, timeout=timeout)
+        return p.returncode, p.stdout, p.stderr
+
+    def sh(self, script, timeout=120, inp=None):
+        rc, out, err = self.ssh(script, timeout, inp)
+        if rc != 0:
+            raise Fail("guest command failed (rc %d): %s: %s" % (rc, script[:120], (err or out).strip()[-400:]))
+        return out
+
+    def qemu(self, *args, timeout=600):
+        p = subprocess.run([self.qemu_run, *args], capture_output=True, text=True, timeout=timeout)
+        if p.returncode != 0:
+            raise Fail("e2e/qemu/run %s failed: %s" % (" ".join(args), (p.stderr or p.stdout).strip()[-600:]))
+        return p.stdout.strip()
+
+    # -- guest facts
+    def facts(self):
+        """One ssh round trip: links, the agent unit, kube1, boot_id."""
+        out = self.sh(r"""
+for l in current last-good bin/flexnode; do echo "link.$l=$(readlink /opt/flexnode/$l 2>/dev/null)"; done
+echo "exists.bin=$(test -e /opt/flexnode/bin/flexnode && echo yes || echo no)"
+systemctl show flexnode-agent -p ActiveState,SubState,MainPID,NRestarts,Result,ExecMainStartTimestamp,LoadState | sed 's/^/agent./'
+systemctl show systemd-nspawn@kube1 -p ActiveState,MainPID,ActiveEnterTimestampMonotonic | sed 's/^/kube1./'
+echo "machine.kube1=$(machinectl show kube1 -p Timestamp --value 2>/dev/null)"
+echo "boot_id=$(cat /proc/sys/kernel/random/boot_id)"
+pid=$(systemctl show -P MainPID flexnode-agent); [ "$pid" != 0 ] && echo "agent.exe=$(readlink /proc/$pid/exe 2>/dev/null)"
+true
+""")
+        f = {}
+        for line in out.splitlines():
+            k, _, v = line.partition("=")
+            f[k] = v
+        return f
+
+    def current(self):
+        return self.facts().get("link.current", "")
+
+    def agent_active(self, pid_not=None):
+        f = self.facts()
+        ok = f.get("agent.ActiveState") == "active" and f.get("agent.MainPID", "0") != "0"
+        if ok and pid_not is not None and f.get("agent.MainPID") == pid_not:
+            return None
+        return f if ok else None
+
+    def wait_agent(self, timeout=300, pid_not=None):
+        return wait_until("flexnode-agent active" + (" with a new MainPID" if pid_not else ""),
+                          lambda: self.agent_active(pid_not), timeout, 3)
+
+    def status_json(self):
+        return json.loads(self.sh("/opt/flexnode/bin/flexnode status -o json", 60))
+
+    def journal(self, args="", timeout=120):
+        return self.sh("journalctl --no-pager %s" % args, timeout)
+
+    # -- API
+    def kubectl(self, *args, inp=None, timeout=60):
+        p = subprocess.run([self.kubectl_bin, "--kubeconfig", self.kubeconfig, *args],
+                           input=inp, capture_output=True, text=True, timeout=timeout)
+        return p.returncode, p.stdout, p.stderr
+
+    def get_op(self, name):
+        rc, out, err = self.kubectl("get", "machineoperations", name, "-o", "json")
+        if rc != 0:
+            if "NotFound" in err or "not found" in err:
+                return None
+            raise Fail("kubectl get machineoperation %s: %s" % (name, err.strip()))
+        return json.loads(out)
+
+    def op_create(self, kind, name, url=None, sha=None):
+        args = [self.flexnode, "op", "--kubeconfig", self.kubeconfig, "create", kind,
+                "--node", self.node, "--name", name]
+        if url:
+            args += ["--url", url, "--sha256", sha]
+        p = subprocess.run(args, capture_output=True, text=True, timeout=60)
+        need(p.returncode == 0, "flexnode op create %s %s: rc %d: %s" % (kind, name, p.returncode,
+                                                                        (p.stderr or p.stdout).strip()))
+
+    def op_raw(self, name, kind, params=None):
+        """Creates the object with kubectl (no client-side validation: the AGENT must judge it)."""
+        spec = {"machineRef": self.node, "operationKind": kind}
+        if params is not None:
+            spec["parameters"] = params
+        obj = {"apiVersion": "unbounded-cloud.io/v1alpha3", "kind": "MachineOperation",
+               "metadata": {"name": name}, "spec": spec}
+        rc, out, err = self.kubectl("create", "-f", "-", inp=json.dumps(obj))
+        need(rc == 0, "kubectl create %s: %s" % (name, err.strip()))
+
+    def machine(self):
+        rc, out, err = self.kubectl("get", "machines", self.node, "-o", "json")
+        return json.loads(out) if rc == 0 else None
+
+    def events_for(self, name):
+        rc, out, err = self.kubectl("get", "events.v1.events.k8s.io", "-A", "-o", "json")
+        if rc != 0:
+            return []
+        return [e for e in json.loads(out).get("items", [])
+                if (e.get("regarding") or {}).get("name") == name
+                and (e.get("regarding") or {}).get("kind") == "MachineOperation"]
+
+    def art_log_lines(self):
+        try:
+            with open(self.art_log) as fh:
+                return fh.read().splitlines()
+        except OSError:
+            return []
+
+
+def op_view(op):
+    """(phase, reason, message, completedAt, startedAt) of an operation object."""
+    st = (op or {}).get("status") or {}
+    reason = ""
+    for c in st.get("conditions") or []:
+        if c.get("type") == "Completed":
+            reason = c.get("reason", "")
+    return (st.get("phase") or "", reason, st.get("message") or "", st.get("completedAt") or "",
+            st.get("startedAt") or "")
+
+
+# ------------------------------------------------------------------------ operation watch
+
+class OpWatch(threading.Thread):
+    """Records every state of every MachineOperation (kubectl get --watch), from the start."""
+
+    def __init__(self, lab):
+        super().__init__(daemon=True)
+        self.lab = lab
+        self.hist = {}  # name -> [(t, phase, reason, message, completedAt, startedAt, uid)]
+        self.lock = threading.Lock()
+        self.stopping = False
+        self.proc = None
+        self.restarts = 0
+
+    def run(self):
+        dec = json.JSONDecoder()
+        while not self.stopping:
+            self.proc = subprocess.Popen(
+                [self.lab.kubectl_bin, "--kubeconfig", self.lab.kubeconfig, "get", "machineoperations",
+                 "--watch", "--output-watch-events", "-o", "json"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            buf = ""
+            while True:
+                chunk = self.proc.stdout.read1(65536)
+                if not chunk:
+                    break
+                buf += chunk.decode(errors="replace")
+                while True:
+                    buf = buf.lstrip()
+                    if not buf:
+                        break
+                    try:
+                        ev, end = dec.raw_decode(buf)
+                    except ValueError:
+                        break
+                    buf = buf[end:]
+                    self._record(ev)
+            self.proc.wait()
+            if not self.stopping:
+                self.restarts += 1
+                time.sleep(1)
+
+    def _record(self, ev):
+        obj = ev.get("object") or {}
+        if ev.get("type") == "DELETED":
+            return
+        name = (obj.get("metadata") or {}).get("name")
+        if not name:
+            return
+        phase, reason, msg, done, started = op_view(obj)
+        row = (time.time(), phase, reason, msg, done, started, obj["metadata"].get("uid"))
+        with self.lock:
+            h = self.hist.setdefault(name, [])
+            if not h or h[-1][1:] != row[1:]:
+                h.append(row)
+
+    def stop(self):
+        self.stopping = True
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+
+    def history(self, name):
+        with self.lock:
+            return list(self.hist.get(name, []))
+
+    def names(self):
+        with self.lock:
+            return list(self.hist)
+
+    def violations(self, name):
+        """Ways `name` had more than one terminal result or left a terminal phase."""
+        h = self.history(name)
+        bad = []
+        first = None
+        for row in h:
+            _, phase, reason, msg, done, _, uid = row
+            if first is None:
+                if phase in TERMINAL:
+                    first = row
+                continue
+            if uid != first[6]:
+                continue
+            if phase not in TERMINAL:
+                bad.append("went back to %r after %s/%s" % (phase or "(none)", first[1], first[2]))
+            elif (phase, reason, done) != (first[1], first[2], first[4]):
+                bad.append("second terminal result %s/%s at %s after %s/%s at %s"
+                           % (phase, reason, done, first[1], first[2], first[4]))
+        return bad
+
+
+# ----------------------------------------------------------------------------- the checks
+
+class Suite:
+    def __init__(self, lab):
+        self.lab = lab
+        self.watch = OpWatch(lab)
+        self.secret_pw = "pw-" + secrets.token_hex(12)
+        self.secret_q = "sig-" + secrets.token_hex(12)
+        self.created = []
+        self.joined = False
+
+    # -- helpers
+    def url(self, name, slow=False):
+        return "http://%s/%s%s" % (self.lab.art, "slow/" if slow else "", name)
+
+    def create(self, kind, name, **kw):
+        self.created.append(name)
+        self.lab.op_create(kind, name, **kw)
+
+    def create_raw(self, name, kind, params):
+        self.created.append(name)
+        self.lab.op_raw(name, kind, params)
+
+    def wait_phase(self, name, phases, timeout):
+        def probe():
+            for row in reversed(self.watch.history(name)):
+                if row[1] in phases:
+                    return row
+            op = self.lab.get_op(name)
+            v = op_view(op)
+            return v if v[0] in phases else None
+        return wait_until("%s to reach %s" % (name, "/".join(phases)), probe, timeout, 2)
+
+    def terminal(self, name, timeout):
+        """Waits for a terminal phase; returns (phase, reason, message, completedAt, startedAt)."""
+        wait_until("%s to finish (Complete or Failed)" % name,
+                   lambda: op_view(self.lab.get_op(name))[0] in TERMINAL, timeout, 3)
+        v = op_view(self.lab.get_op(name))
+        detail("%s: %s/%s %r completedAt=%s" % (name, v[0], v[1], v[2], v[3]))
+        need(v[3], "%s is %s but has no completedAt" % (name, v[0]))
+        return v
+
+    def expect(self, name, phase, reason, timeout, message=None):
+        v = self.terminal(name, timeout)
+        need((v[0], v[1]) == (phase, reason),
+             "%s ended %s/%s (%r), expected %s/%s" % (name, v[0], v[1], v[2], phase, reason))
+        if message is not None:
+            need(v[2] == message, "%s message %r, expected %r" % (name, v[2], message))
+        return v
+
+    def need_joined(self):
+        need(self.joined and self.lab.agent_active(), "needs a joined node (flexnode-agent is not active)")
+
+    def one_result(self, name):
+        # give the watch a moment to see the latest writes
+        time.sleep(3)
+        bad = self.watch.violations(name)
+        need(not bad, "%s: %s" % (name, "; ".join(bad)))
+        ev = [e for e in self.lab.events_for(name) if e.get("reason") in TERMINAL_REASONS]
+        n = sum(max(1, ((e.get("series") or {}).get("count") or 1)) for e in ev)
+        need(n <= 1, "%s: %d terminal Events (%s)" % (name, n, [e.get("reason") for e in ev]))
+        phases = [r[1] or "-" for r in self.watch.history(name)]
+        detail("%s went through: %s; terminal Events: %d" % (name, " -> ".join(phases), n))
+
+    def slot_ok(self, link):
+        need(SLOT_RE.match(slot_path(link)), "/opt/flexnode/current -> %r is not a slot" % link)
+
+    def agent_runs_current(self, f=None):
+        f = f or self.lab.wait_agent(180)
+        cur = slot_path(f.get("link.current", ""))
+        self.slot_ok(cur)
+        need(f.get("agent.exe", "").startswith(cur + "/"),
+             "the agent (pid %s) runs %r, not from current %r" % (f.get("agent.MainPID"), f.get("agent.exe"), cur))
+        return f
+
+    def power_cycle(self):
+        self.lab.drop_ssh()
+        t = time.time()
+        self.lab.qemu("poweroff", self.lab.guest, timeout=60)
+        detail("power cut (QMP quit) at +0 s; cold boot ...")
+        self.lab.qemu("boot", self.lab.guest, timeout=600)
+        detail("guest back (ssh) after %.0f s" % (time.time() - t))
+
+    def upgrade_ok(self, name):
+        before = self.lab.facts()
+        cur0, pid0 = before.get("link.current", ""), before.get("agent.MainPID")
+        self.slot_ok(cur0)
+        self.create("upgrade", name, url=self.url("flexnode-good.tar.gz"), sha=self.lab.sha_good)
+        v = self.expect(name, "Complete", "Succeeded", 600, MSG_UPGRADE_DONE)
+        f = self.lab.wait_agent(120)
+        cur = f.get("link.current", "")
+        self.slot_ok(cur)
+        need(slot_path(cur) != slot_path(cur0), "current still %s after the upgrade" % cur)
+        need(f.get("agent.MainPID") != pid0, "the agent's MainPID %s did not change" % pid0)
+        self.agent_runs_current(f)
+        need(f.get("link.last-good"), "no /opt/flexnode/last-good after an upgrade")
+        # the result was published by the new daemon: after it started
+        rc, out, _ = self.lab.ssh("date -d \"$(systemctl show -P ExecMainStartTimestamp flexnode-agent)\" +%s")
+        if rc == 0 and out.strip().isdigit():
+            need(parse_time(v[3]) >= int(out.strip()) - 1,
+                 "completedAt %s is before the new daemon started (%s)" % (v[3], out.strip()))
+        st = self.lab.status_json()
+        lr = st.get("lastResult") or {}
+        need(lr.get("operation") == name and lr.get("reason") == "Succeeded",
+             "flexnode status lastResult: %s" % lr)
+        detail("current %s -> %s, agent pid %s -> %s" % (cur0, cur, pid0, f.get("agent.MainPID")))
+        self.one_result(name)
+
+    # -- the named checks, in order
+    def c_join(self):
+        lab = self.lab
+        t = time.time()
+        rc, out, err = lab.ssh("/root/flexnode join --config /root/join.yaml", 900)
+        need(rc == 0, "join exited %d: %s" % (rc, (err or out).strip()[-600:]))
+        detail("join took %.1f s" % (time.time() - t))
+        f = lab.facts()
+        need(f.get("agent.ActiveState") == "active", "flexnode-agent is %s" % f.get("agent.ActiveState"))
+        self.agent_runs_current(f)
+        need(f.get("exists.bin") == "yes", "no /opt/flexnode/bin/flexnode")
+        lab.sh("for u in flexnode-agent flexnode-agent-recovery flexnode-bootstrap flexnode-reset; do "
+               "test -f /etc/systemd/system/$u.service || { echo missing $u >&2; exit 1; }; done; "
+               "test -f /var/lib/flexnode/state.db; test -s /etc/flexnode/kubeconfig; "
+               "/opt/flexnode/bin/flexnode version")
+        need(f.get("kube1.ActiveState") == "active", "systemd-nspawn@kube1 is %s" % f.get("kube1.ActiveState"))
+        self.joined = True
+
+        m = lab.machine()
+        need(m, "no Machine %s after the join" % lab.node)
+        ver = ((m.get("spec") or {}).get("kubernetes") or {}).get("version")
+        need(ver == "v1.34.12", "Machine spec.kubernetes.version %r, expected the config's v1.34.12" % ver)
+
+        def ready():
+            return ((lab.machine() or {}).get("status") or {}).get("phase") == "Ready"
+        wait_until("Machine %s status.phase Ready" % lab.node, ready, 180, 3)
+        # again: converges, no duplicate work
+        pid = f.get("agent.MainPID")
+        rc, out, err = lab.ssh("/root/flexnode join --config /root/join.yaml", 600)
+        need(rc == 0, "second join exited %d: %s" % (rc, (err or out).strip()[-400:]))
+        f2 = lab.facts()
+        need(f2.get("agent.MainPID") == pid, "second join restarted the agent (%s -> %s)" % (pid, f2.get("agent.MainPID")))
+        need(f2.get("link.current") == f.get("link.current"), "second join moved current")
+        need(f2.get("kube1.MainPID") == f.get("kube1.MainPID"), "second join restarted kube1")
+
+    def c_status_daemon_stopped(self):
+        self.need_joined()
+        lab = self.lab
+        lab.sh("systemctl stop flexnode-agent", 120)
+        try:
+            f = lab.facts()
+            need(f.get("agent.ActiveState") in ("inactive", "failed"), "agent is %s after stop" % f.get("agent.ActiveState"))
+            procs = lab.sh("for p in /proc/[0-9]*; do readlink $p/exe; done 2>/dev/null | grep -c '^/opt/flexnode/' || true").strip()
+            need(procs == "0", "%s flexnode processes still running with the daemon stopped" % procs)
+            st = lab.status_json()
+            need(st.get("apiVersion") == "flexnode.io/v1alpha1" and st.get("kind") == "NodeStatus", "status -o json: %s" % st)
+            node = st.get("node") or {}
+            need(node.get("name") == lab.node, "status node.name %r" % node.get("name"))
+            need(node.get("installMode") == "host", "status node.installMode %r" % node.get("installMode"))
+            human = lab.sh("/opt/flexnode/bin/flexnode status")
+            need(lab.node in human, "human status does not name the node:\n" + human)
+            lab.sh("/opt/flexnode/bin/flexnode history --limit 5")
+            detail("phase %s, agent %s" % (st.get("phase"), node.get("agent")))
+        finally:
+            lab.sh("systemctl start flexnode-agent", 300)
+        lab.wait_agent(120)
+
+    def c_node_reboot(self):
+        self.need_joined()
+        lab = self.lab
+        b = lab.facts()
+        need(b.get("kube1.ActiveState") == "active", "kube1 is %s before the reboot" % b.get("kube1.ActiveState"))
+        self.create("reboot", "e2e-reboot")
+        self.expect("e2e-reboot", "Complete", "Succeeded", 600, MSG_REBOOT_DONE)
+        a = wait_until("kube1 active again", lambda: (lambda f: f if f.get("kube1.ActiveState") == "active" else None)(lab.facts()), 180, 3)
+        restarted = (a.get("kube1.MainPID") != b.get("kube1.MainPID")
+                     or int(a.get("kube1.ActiveEnterTimestampMonotonic") or 0) > int(b.get("kube1.ActiveEnterTimestampMonotonic") or 0))
+        need(restarted, "kube1 was not restarted (MainPID %s, entered %s)" % (a.get("kube1.MainPID"), a.get("kube1.ActiveEnterTimestampMonotonic")))
+        need(a.get("machine.kube1") != b.get("machine.kube1") or not b.get("machine.kube1"),
+             "machinectl kube1 Timestamp unchanged (%s)" % a.get("machine.kube1"))
+        need(a.get("boot_id") == b.get("boot_id"), "the guest itself rebooted (boot_id changed)")
+        detail("kube1 pid %s -> %s, machine started %s -> %s" % (b.get("kube1.MainPID"), a.get("kube1.MainPID"),
+                                                               b.get("machine.kube1"), a.get("machine.kube1")))
+        self.one_result("e2e-reboot")
+
+    def c_upgrade(self):
+        self.need_joined()
+        self.upgrade_ok("e2e-upgrade")
+
+    def c_rollback(self):
+        self.need_joined()
+        lab = self.lab
+        b = lab.facts()
+        cur0 = b.get("link.current", "")
+        self.slot_ok(cur0)
+        t0 = time.time()
+        self.create("upgrade", "e2e-broken", url=self.url("flexnode-broken.tar.gz"), sha=lab.sha_broken)
+        self.expect("e2e-broken", "Failed", "DaemonFailed", 420)
+        detail("rolled back after %.0f s" % (time.time() - t0))
+        f = lab.wait_agent(180)
+        need(slot_path(f.get("link.current")) == slot_path(cur0),
+             "current %s after the rollback, was %s" % (f.get("link.current"), cur0))
+        self.agent_runs_current(f)
+        ver = lab.sh("/opt/flexnode/current/flexnode version").strip()
+        need("broken" not in ver, "current runs the broken build: %s" % ver)
+        j = lab.journal("-u flexnode-agent -o cat --since '-15min'")
+        need("broken on purpose" in j, "the journal shows no crash of the broken candidate (was it started?)")
+        rec = lab.sh("systemctl show -P ExecMainStartTimestampMonotonic flexnode-agent-recovery").strip()
+        need(rec not in ("", "0"), "flexnode-agent-recovery.service never ran")
+        lr = lab.status_json().get("lastResult") or {}
+        need(lr.get("operation") == "e2e-broken" and lr.get("reason") == "DaemonFailed", "status lastResult %s" % lr)
+        self.one_result("e2e-broken")
+
+    def _rejected(self, name, params, reasons, secret=None):
+        lab = self.lab
+        b = lab.facts()
+        self.create_raw(name, "AgentUpgrade", params)
+        v = self.terminal(name, 300)
+        need(v[0] == "Failed" and v[1] in reasons, "%s ended %s/%s (%r), expected Failed/%s"
+             % (name, v[0], v[1], v[2], "|".join(reasons)))
+        if secret:
+            op = lab.get_op(name)
+            need(secret not in json.dumps(op.get("status") or {}), "the secret is in %s's status: %r" % (name, v[2]))
+            notes = " ".join((e.get("note") or "") for e in lab.events_for(name))
+            need(secret not in notes, "the secret is in %s's Events" % name)
+        a = lab.facts()
+        need(a.get("link.current") == b.get("link.current"), "current moved: %s -> %s" % (b.get("link.current"), a.get("link.current")))
+        need(a.get("agent.MainPID") == b.get("agent.MainPID"), "the agent restarted (%s -> %s)" % (b.get("agent.MainPID"), a.get("agent.MainPID")))
+        self.one_result(name)
+        return v
+
+    def c_invalid_no_digest(self):
+        self.need_joined()
+        self._rejected("e2e-no-digest", {"downloadURL": self.url("flexnode-good.tar.gz")}, ("InvalidParameters",))
+
+    def c_invalid_wrong_digest(self):
+        self.need_joined()
+        # malformed: not 64 hex digits
+        self._rejected("e2e-bad-digest", {"downloadURL": self.url("flexnode-good.tar.gz"), "sha256": "12345xyz"},
+                       ("InvalidParameters",))
+        # well-formed but not the archive's: downloaded, refused before anything switches; the
+        # URL carries a SAS-like query token that must never be shown
+        n0 = len(self.lab.art_log_lines())
+        self._rejected("e2e-wrong-digest",
+                       {"downloadURL": self.url("flexnode-good.tar.gz") + "?sig=" + self.secret_q,
+                        "sha256": self.lab.sha_broken},
+                       ("ExecutionFailed", "InvalidParameters"), secret=self.secret_q)
+        got = [l for l in self.lab.art_log_lines()[n0:] if "/flexnode-good.tar.gz start" in l]
+        detail("archive requests during the wrong-digest op: %d" % len(got))
+
+    def c_invalid_url_credentials(self):
+        self.need_joined()
+        url = "http://e2e-user:%s@%s/flexnode-good.tar.gz" % (self.secret_pw, self.lab.art)
+        self._rejected("e2e-url-credentials", {"downloadURL": url, "sha256": self.lab.sha_good},
+                       ("InvalidParameters",), secret=self.secret_pw)
+        # nowhere on the node either
+        j = self.lab.journal("-o json", 300)
+        st = self.lab.sh("/opt/flexnode/bin/flexnode status -o json; /opt/flexnode/bin/flexnode history -o json --limit 500")
+        for s, what in ((self.secret_pw, "URL password"), (self.secret_q, "URL query token")):
+            need(s not in j, "the %s is in the guest journal" % what)
+            need(s not in st, "the %s is in flexnode status/history" % what)
+
+    def c_upgrade_back(self):
+        self.need_joined()
+        self.upgrade_ok("e2e-upgrade-back")
+
+    def c_concurrent(self):
+        self.need_joined()
+        lab = self.lab
+        a, b = "e2e-concurrent-a", "e2e-concurrent-b"
+        self.create("upgrade", a, url=self.url("flexnode-good.tar.gz", slow=True), sha=lab.sha_good)
+        self.wait_phase(a, ("InProgress",) + TERMINAL, 120)
+        need(op_view(lab.get_op(a))[0] == "InProgress", "%s finished before the second upgrade could be created" % a)
+        self.create("upgrade", b, url=self.url("flexnode-good.tar.gz"), sha=lab.sha_good)
+        need(op_view(lab.get_op(a))[0] == "InProgress",
+             "%s finished before %s was seen: no overlap to test (slow download too fast?)" % (a, b))
+        vb0 = op_view(lab.get_op(b))
+        need(vb0[0] in ("", "Pending"), "%s is %s while %s is InProgress" % (b, vb0[0], a))
+        va = self.terminal(a, 900)
+        need(va[:2] == ("Complete", "Succeeded"), "%s ended %s/%s (%r)" % (a, va[0], va[1], va[2]))
+        vb = self.terminal(b, 900)
+        # never both running: b was InProgress only after a had finished
+        ha, hb = self.watch.history(a), self.watch.history(b)
+        a_done = min((r[0] for r in ha if r[1] in TERMINAL), default=None)
+        b_prog = [r[0] for r in hb if r[1] == "InProgress"]
+        need(a_done is not None, "the watch never saw %s finish" % a)
+        need(all(t >= a_done for t in b_prog), "%s was InProgress while %s ran" % (b, a))
+        if vb[4]:
+            need(parse_time(vb[4]) >= parse_time(va[3]) - 1,
+                 "%s started at %s, before %s completed at %s" % (b, vb[4], a, va[3]))
+        detail("second upgrade: %s/%s %r (started %s, first completed %s)" % (vb[0], vb[1], vb[2], vb[4] or "-", va[3]))
+        self.agent_runs_current()
+        self.one_result(a)
+        self.one_result(b)
+
+    def _converged_after_cut(self, name, cur0):
+        lab = self.lab
+        f = lab.wait_agent(420)
+        v = self.terminal(name, 900)
+        f = lab.wait_agent(300)
+        cur = slot_path(f.get("link.current", ""))
+        self.slot_ok(cur)
+        if v[0] == "Complete":
+            need(v[1] == "Succeeded", "Complete with reason %s" % v[1])
+            need(cur != slot_path(cur0), "Complete but current is still the old slot %s" % cur)
+        else:
+            need(cur == slot_path(cur0), "Failed (%s) but current moved %s -> %s" % (v[1], cur0, cur))
+        self.agent_runs_current(f)
+        lr = lab.status_json().get("lastResult") or {}
+        need(lr.get("operation") == name, "status lastResult is %s, not %s" % (lr.get("operation"), name))
+        self.one_result(name)
+        # and it stays that way
+        time.sleep(15)
+        self.one_result(name)
+        detail("converged: %s/%s, current %s" % (v[0], v[1], cur))
+
+    def c_power_cut_staging(self):
+        self.need_joined()
+        lab = self.lab
+        name = "e2e-cut-staging"
+        cur0 = lab.current()
+        n0 = len(lab.art_log_lines())
+        self.create("upgrade", name, url=self.url("flexnode-good.tar.gz", slow=True), sha=lab.sha_good)
+        self.wait_phase(name, ("InProgress",) + TERMINAL, 120)
+        wait_until("the throttled download to start",
+                   lambda: any("/slow/flexnode-good.tar.gz start" in l for l in lab.art_log_lines()[n0:]), 120, 1)
+        time.sleep(3)
+        need(op_view(lab.get_op(name))[0] == "InProgress", "%s is no longer InProgress before the cut" % name)
+        need(lab.current() == cur0, "current already switched: not staging any more")
+        self.power_cycle()
+        self._converged_after_cut(name, cur0)
+
+    def c_power_cut_after_switch(self):
+        self.need_joined()
+        lab = self.lab
+        name = "e2e-cut-switch"
+        cur0 = lab.current()
+        self.create("upgrade", name, url=self.url("flexnode-good.tar.gz"), sha=lab.sha_good)
+        rc, out, err = lab.ssh("timeout 600 sh -c 'while [ \"$(readlink /opt/flexnode/current)\" = %s ]; do sleep 0.05; done; "
+                               "readlink /opt/flexnode/current'" % shlex.quote(cur0), 640)
+        need(rc == 0, "current never switched away from %s (rc %d) — op: %s" % (cur0, rc, op_view(lab.get_op(name))))
+        detail("switch seen: %s -> %s; op %s at the cut" % (cur0, out.strip(), op_view(lab.get_op(name))[0] or "-"))
+        self.power_cycle()
+        self._converged_after_cut(name, cur0)
+
+    def c_guest_reboot(self):
+        self.need_joined()
+        lab = self.lab
+        b = lab.facts()
+        st0 = lab.status_json()
+        hist0 = lab.sh("/opt/flexnode/bin/flexnode history --limit 1000 -o json")
+        lab.drop_ssh()
+        try:
+            lab.ssh("systemctl reboot", 30)
+        except subprocess.TimeoutExpired:
+            pass  # the connection may die with the guest's sshd
+        lab.drop_ssh()
+        t = time.time()
+
+        def new_boot():
+            rc, out, _ = lab.ssh("cat /proc/sys/kernel/random/boot_id", 20)
+            return out.strip() if rc == 0 and out.strip() and out.strip() != b.get("boot_id") else None
+        wait_until("a new boot_id", new_boot, 600, 3)
+        detail("guest back after %.0f s" % (time.time() - t))
+        f = lab.wait_agent(300)
+        need(f.get("link.current") == b.get("link.current"), "current %s -> %s across the reboot" % (b.get("link.current"), f.get("link.current")))
+        self.agent_runs_current(f)
+        st = lab.status_json()
+        for k in ("name", "installMode", "agent"):
+            need((st.get("node") or {}).get(k) == (st0.get("node") or {}).get(k),
+                 "status node.%s %r -> %r" % (k, (st0.get("node") or {}).get(k), (st.get("node") or {}).get(k)))
+        need((st.get("lastResult") or {}).get("operation") == (st0.get("lastResult") or {}).get("operation"),
+             "lastResult changed across the reboot")
+        seqs0 = {e.get("seq") for e in json.loads(hist0)}
+        seqs = {e.get("seq") for e in json.loads(lab.sh("/opt/flexnode/bin/flexnode history --limit 1000 -o json"))}
+        need(seqs0 <= seqs, "journal entries lost across the reboot")
+        wait_until("kube1 active after the reboot",
+                   lambda: lab.facts().get("kube1.ActiveState") == "active", 300, 3)
+
+    def _nothing_left(self):
+        out = self.lab.sh(r"""
+find /etc/systemd/system -name 'flexnode*' | sed 's/^/unit file: /'
+systemctl list-units --all --plain --no-legend 'flexnode*' | awk '$2 != "not-found" {print "unit: " $0}'
+for l in current last-good bin/flexnode; do if [ -e /opt/flexnode/$l ] || [ -L /opt/flexnode/$l ]; then echo "left: /opt/flexnode/$l"; fi; done
+for p in /proc/[0-9]*; do e=$(readlink $p/exe 2>/dev/null); c=$(cat $p/comm 2>/dev/null); case "$e $c" in /opt/flexnode/*|*" flexnode"*) echo "process: ${p#/proc/} $e $c";; esac; done
+if [ "$(systemctl is-active systemd-nspawn@kube1)" = active ]; then echo "machine kube1 still running"; fi
+true
+""")
+        return out.strip()
+
+    def reset_finished(self):
+        """The store (it outlives a reset) says the reset is done: Unjoined, nothing pending."""
+        st = json.loads(self.lab.sh("/root/flexnode status -o json", 60))
+        need(st.get("phase") == "Unjoined" and not st.get("currentOperation") and not st.get("interruptedEffects"),
+             "after the reset flexnode status says phase %s/%s, operation %s, interrupted %s"
+             % (st.get("phase"), st.get("step"), (st.get("currentOperation") or {}).get("name"),
+                st.get("interruptedEffects")))
+
+    def c_agent_reset(self):
+        self.need_joined()
+        lab = self.lab
+        self.create("reset", "e2e-reset")
+        self.expect("e2e-reset", "Complete", "Succeeded", 600, MSG_RESET_DONE)
+        def clean():
+            left = self._nothing_left()
+            if left:
+                raise Fail(left.replace("\n", "; "))
+            return True
+        wait_until("no flexnode unit, link or process left", clean, 300, 5)
+        self.joined = False
+        self.reset_finished()
+        j = lab.journal("-u flexnode-agent -o cat --since '-15min'")
+        need("stop-sigterm' timed out" not in j,
+             "systemd had to SIGKILL the agent (stop timed out) during the reset")
+        self.one_result("e2e-reset")
+
+    def c_rejoin(self):
+        lab = self.lab
+        rc, out, err = lab.ssh("/root/flexnode join --config /root/join.yaml", 900)
+        need(rc == 0, "join exited %d: %s" % (rc, (err or out).strip()[-600:]))
+        f = lab.wait_agent(120)
+        self.agent_runs_current(f)
+        need(f.get("exists.bin") == "yes", "no /opt/flexnode/bin/flexnode")
+        wait_until("kube1 active", lambda: lab.facts().get("kube1.ActiveState") == "active", 180, 3)
+        self.joined = True
+        # earlier, finished operations are not run again
+        time.sleep(10)
+        for name in self.created:
+            self.one_result(name)
+
+    def c_bootstrap_78(self):
+        lab = self.lab
+        # the installed binary when there is one (the seed copy otherwise: a broken install
+        # must not hide the exit-78 check)
+        rc, out, err = lab.ssh("f=/opt/flexnode/bin/flexnode; [ -x $f ] || f=/root/flexnode; $f reset --yes", 600)
+        need(rc == 0, "flexnode reset --yes exited %d: %s" % (rc, (err or out).strip()[-400:]))
+        self.joined = False
+        left = self._nothing_left()
+        need(not left, "after flexnode reset --yes: " + left.replace("\n", "; "))
+        self.reset_finished()
+        with open(os.path.join(lab.repo, "units/host/flexnode-bootstrap.service")) as fh:
+            unit = fh.read()
+        lab.sh("install -D -m 755 /root/flexnode /opt/flexnode/bin/flexnode && mkdir -p /etc/flexnode && "
+               "cat > /etc/systemd/system/flexnode-bootstrap.service", inp=unit)
+        lab.sh("cat > /etc/flexnode/config.yaml <<'EOF'\nnodeName: Not_A_DNS_Name\nkubeconfig: /root/node.kubeconfig\n"
+               "kubernetesVersion: v1.34.12\ninstallMode: host\nEOF\n"
+               "systemctl daemon-reload")
+        try:
+            rc, out, err = lab.ssh("/opt/flexnode/bin/flexnode join --config /etc/flexnode/config.yaml", 120)
+            need(rc == 78, "join with nodeName Not_A_DNS_Name exited %d, expected 78: %s" % (rc, err.strip()[-300:]))
+            need("nodeName" in err, "the error does not name the setting: %r" % err.strip()[-300:])
+            samples = lab.sh(
+                "systemctl start --no-block flexnode-bootstrap; "
+                "for i in $(seq 40); do systemctl show flexnode-bootstrap -p ActiveState,SubState,ExecMainStatus,NRestarts,Result "
+                "| tr '\\n' ' '; echo; sleep 0.5; done", 180)
+            rows = [dict(kv.split("=", 1) for kv in line.split()) for line in samples.splitlines() if line.strip()]
+            need(rows, "no samples")
+            need(all(r.get("ActiveState") != "active" for r in rows), "flexnode-bootstrap became active")
+            need(all(r.get("NRestarts") == "0" for r in rows), "flexnode-bootstrap was restarted: %s" % rows[-1])
+            last = rows[-1]
+            need(last.get("ExecMainStatus") == "78", "ExecMainStatus %s, expected 78" % last.get("ExecMainStatus"))
+            need(last.get("ActiveState") == "failed" and last.get("Result") == "exit-code", "final state %s" % last)
+            j = lab.journal("-u flexnode-bootstrap -o cat")
+            need("nodeName" in j, "the bootstrap unit's journal does not name the setting")
+            detail("%d samples over ~20 s: %s" % (len(rows), " ".join("%s=%s" % kv for kv in sorted(last.items()))))
+        finally:
+            lab.ssh("systemctl stop flexnode-bootstrap; systemctl reset-failed flexnode-bootstrap; "
+                    "rm -f /etc/systemd/system/flexnode-bootstrap.service /etc/flexnode/config.yaml /opt/flexnode/bin/flexnode; "
+                    "systemctl daemon-reload", 120)
+
+    def c_one_result_each(self):
+        names = set(self.created) | set(self.watch.names())
+        bad = []
+        for n in sorted(names):
+            bad += ["%s: %s" % (n, b) for b in self.watch.violations(n)]
+            v = op_view(self.lab.get_op(n))
+            if n in self.created and v[0] not in TERMINAL:
+                bad.append("%s never finished (phase %r)" % (n, v[0]))
+        need(not bad, "; ".join(bad))
+        detail("%d operations, each with exactly one terminal result (watch restarts: %d)"
+               % (len(names), self.watch.restarts))
+
+
+CHECKS = [
+    ("join", Suite.c_join),
+    ("status-daemon-stopped", Suite.c_status_daemon_stopped),
+    ("node-reboot", Suite.c_node_reboot),
+    ("upgrade", Suite.c_upgrade),
+    ("rollback-broken-candidate", Suite.c_rollback),
+    ("invalid-params-no-digest", Suite.c_invalid_no_digest),
+    ("invalid-params-wrong-digest", Suite.c_invalid_wrong_digest),
+    ("invalid-params-url-credentials", Suite.c_invalid_url_credentials),
+    ("upgrade-back", Suite.c_upgrade_back),
+    ("second-concurrent-upgrade-refused", Suite.c_concurrent),
+    ("power-cut-during-staging", Suite.c_power_cut_staging),
+    ("power-cut-after-switch", Suite.c_power_cut_after_switch),
+    ("guest-reboot", Suite.c_guest_reboot),
+    ("agent-reset", Suite.c_agent_reset),
+    ("re-join", Suite.c_rejoin),
+    ("bootstrap-impossible-setting-78", Suite.c_bootstrap_78),
+    ("one-terminal-result-per-operation", Suite.c_one_result_each),
+]
+
+
+def diagnose(lab):
+    """Context after a failure: the guest's flexnode journal tail."""
+    try:
+        rc, out, _ = lab.ssh("journalctl --no-pager -o short-precise -n 25 -u 'flexnode*'; "
+                             "f=/opt/flexnode/bin/flexnode; [ -x $f ] || f=/root/flexnode; "
+                             "$f status 2>&1 | head -12; $f history --limit 6 2>&1", 30)
+        for line in out.splitlines()[-45:]:
+            print("    | " + line, flush=True)
+    except Exception as e:  # noqa: BLE001 - diagnostics must never fail the run
+        print("    | (no journal: %s)" % e, flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lab", required=True)
+    ap.add_argument("--only", default="", help="comma-separated check names (default: all, in order)")
+    ap.add_argument("--list", action="store_true")
+    a = ap.parse_args()
+    if a.list:
+        for n, _ in CHECKS:
+            print(n)
+        return 0
+    only = [x for x in a.only.split(",") if x]
+    unknown = set(only) - {n for n, _ in CHECKS}
+    if unknown:
+        sys.exit("suite: unknown checks: %s" % ", ".join(sorted(unknown)))
+    def on_term(signum, _frame):
+        raise KeyboardInterrupt("signal %d" % signum)
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)  # also when started with SIGINT ignored (background)
+    lab = Lab(a.lab)
+    suite = Suite(lab)
+    suite.watch.start()
+    t_all = time.time()
+    passed = failed = 0
+    try:
+        if only and "join" not in only:
+            suite.joined = bool(lab.agent_active())
+        for name, fn in CHECKS:
+            if only and name not in only:
+                continue
+            print("---- %s" % name, flush=True)
+            t = time.time()
+            try:
+                fn(suite)
+            except Fail as e:
+                failed += 1
+                print("FAIL %s (%.1f s): %s" % (name, time.time() - t, e), flush=True)
+                diagnose(lab)
+            except Exception as e:  # noqa: BLE001 - any error is this check's failure
+                failed += 1
+                print("FAIL %s (%.1f s): %s: %s" % (name, time.time() - t, type(e).__name__, e), flush=True)
+                diagnose(lab)
+            else:
+                passed += 1
+                print("PASS %s (%.1f s)" % (name, time.time() - t), flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        failed += 1
+    finally:
+        suite.watch.stop()
+        lab.drop_ssh()
+    print("%d passed, %d failed in %.1f s" % (passed, failed, time.time() - t_all), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
