@@ -66,6 +66,7 @@ pub fn run(state: &Path, config: &Path) -> ExitCode {
 async fn join(state: &Path, path: &Path) -> Result<(), Failure> {
     let config = Config::load(path, &node_host::hostname()).map_err(Failure::Config)?;
     node_host::require_root("join")?;
+    preflight()?;
     let client = client_from_kubeconfig(&config.kubeconfig)
         .await
         .map_err(|e| Failure::Config(setting("kubeconfig", format!("cannot use it: {e}"))))?;
@@ -147,6 +148,23 @@ async fn join(state: &Path, path: &Path) -> Result<(), Failure> {
         "flexnode: joined {} (Kubernetes {}); {AGENT_UNIT} is active",
         config.node_name, config.kubernetes_version
     );
+    Ok(())
+}
+
+/// Host prerequisites a join cannot do without (before anything is changed).
+fn preflight() -> anyhow::Result<()> {
+    for (path, why) in [
+        (
+            "/usr/bin/systemd-nspawn",
+            "systemd-nspawn (package systemd-container) runs the node's machines",
+        ),
+        ("/run/systemd/system", "systemd must be the init system"),
+    ] {
+        anyhow::ensure!(
+            Path::new(path).exists(),
+            "preflight: {path} is missing: {why}"
+        );
+    }
     Ok(())
 }
 

@@ -43,6 +43,8 @@ struct Owner<S, C, H> {
     /// `None` until the first list completed.
     node: Option<Option<Box<Node>>>,
     machine: Option<Option<Box<Machine>>>,
+    /// Operations already told (by an Event) that they wait for the node.
+    told_waiting: std::collections::HashSet<String>,
 }
 
 /// Runs the daemon until `shutdown` completes (or the task is dropped).
@@ -75,6 +77,7 @@ where
         ops: BTreeMap::new(),
         node: None,
         machine: None,
+        told_waiting: Default::default(),
     };
     // Finish what a crash interrupted, publish what waits, judge a pending hand-off: before
     // any new work is claimed.
@@ -153,6 +156,7 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
             }
             Msg::OperationGone(uid) => {
                 self.ops.remove(&uid);
+                self.told_waiting.remove(&uid);
                 Ok(())
             }
             Msg::Node(node) => {
@@ -236,7 +240,15 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
             }
             match self.feed(Input::OperationClaimed(claim)).await? {
                 Fed::Accepted(_) => {}
-                Fed::Refused(r) if r.is_transient() => break,
+                Fed::Refused(r) if r.is_transient() => {
+                    if let Some(uid) = op.metadata.uid.clone()
+                        && self.told_waiting.insert(uid)
+                    {
+                        let why = format!("waiting: {r}");
+                        self.runner.effects.publisher.waiting(&op, &why).await;
+                    }
+                    break;
+                }
                 Fed::Refused(r) => tracing::debug!(refusal = %r, "operation not claimed"),
             }
         }

@@ -122,6 +122,12 @@ impl KubePublisher {
         )))
     }
 
+    /// An operation the node cannot take yet (it stays Pending): said once, as an Event, so
+    /// `kubectl describe` shows why it waits.
+    pub async fn waiting(&self, obj: &MachineOperation, why: &str) {
+        self.event(obj, EventType::Normal, "Waiting", why).await;
+    }
+
     async fn event(&self, obj: &MachineOperation, type_: EventType, reason: &str, note: &str) {
         let ev = Event {
             type_,
