@@ -166,7 +166,7 @@ fn check_kubeconfig(path: &Path) -> Result<(), ConfigError> {
             ),
         ));
     }
-    if meta.uid() != current_uid(path) {
+    if process_uid().is_some_and(|uid| meta.uid() != uid) {
         return Err(bad(
             "kubeconfig",
             format!(
@@ -195,11 +195,9 @@ fn check_kubeconfig(path: &Path) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// The owner of files we create: compare the credential's owner with it.
-fn current_uid(near: &Path) -> u32 {
-    std::fs::metadata("/proc/self")
-        .map(|m| m.uid())
-        .unwrap_or_else(|_| std::fs::metadata(near).map(|m| m.uid()).unwrap_or(0))
+/// The user this process runs as (the owner of `/proc/self`).
+pub fn process_uid() -> Option<u32> {
+    std::fs::metadata("/proc/self").map(|m| m.uid()).ok()
 }
 
 fn read_small(path: &Path, setting: &str) -> Result<String, ConfigError> {

@@ -13,7 +13,6 @@ use crate::machine::state::AgentBuild;
 use crate::reconcile::client_from_kubeconfig;
 use crate::reconcile::publisher::KubePublisher;
 use crate::store::{Store, StoreError, StoreReader};
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::Duration;
 
@@ -51,10 +50,10 @@ pub fn hostname() -> String {
 
 /// Changing the node needs root (units, `/opt/flexnode`, the store).
 pub fn require_root(command: &str) -> anyhow::Result<()> {
-    let uid = std::fs::metadata("/proc/self")
-        .map(|m| m.uid())
-        .unwrap_or(0);
-    anyhow::ensure!(uid == 0, "flexnode {command} must run as root");
+    anyhow::ensure!(
+        crate::config::process_uid() == Some(0),
+        "flexnode {command} must run as root"
+    );
     Ok(())
 }
 
