@@ -67,6 +67,7 @@ pub async fn run_all<F: SystemdFixture>(implementation: &'static str, fx: &F) {
             machine_status_follows_the_machine_unit,
             schedule_restart_restarts_after_the_delay,
             schedule_restart_starts_an_inactive_unit,
+            queued_start_and_restart_happen_without_waiting,
         ]
     );
 }
@@ -372,5 +373,35 @@ pub async fn schedule_restart_starts_an_inactive_unit<F: SystemdFixture>(fx: &F)
         started.is_some(),
         "scheduled restart did not start an inactive unit"
     );
+    sd.stop(unit).await.expect("stop");
+}
+
+/// `start_no_wait`/`restart_no_wait` (what join and the recovery command use for the agent,
+/// which waits for the store they hold): they return once the job is queued; the unit becomes
+/// active, and a queued restart moves `active_since`.
+pub async fn queued_start_and_restart_happen_without_waiting<F: SystemdFixture>(fx: &F) {
+    let sd = fx.systemd();
+    let unit = "fxc-queued.service";
+    // Slow to start: a waited-for start would take ≥ 1 s.
+    sd.write_unit(
+        unit,
+        "[Unit]\nDescription=slow start\n\n[Service]\nExecStartPre=/bin/sleep 1\n\
+         ExecStart=/bin/sleep infinity\n",
+    )
+    .await
+    .expect("write_unit");
+    sd.daemon_reload().await.expect("daemon_reload");
+    sd.start_no_wait(unit).await.expect("start_no_wait");
+    let t1 = wait_for(Duration::from_secs(10), || async { since(sd, unit).await })
+        .await
+        .expect("active after a queued start");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    sd.restart_no_wait(unit).await.expect("restart_no_wait");
+    wait_for(Duration::from_secs(10), || async {
+        since(sd, unit).await.filter(|t| *t > t1)
+    })
+    .await
+    .expect("a queued restart moves active_since");
+    failed_message("a path", sd.start_no_wait("../escape.service").await);
     sd.stop(unit).await.expect("stop");
 }
