@@ -120,6 +120,7 @@ async fn join(state: &Path, path: &Path) -> Result<(), Failure> {
                 }))
                 .await?
         }
+        // A join finished by `resume` (or one the agent is finishing).
         other => Fed::Accepted(Box::new(other)),
     };
     let state_now = match fed {
@@ -175,9 +176,12 @@ fn setting(name: &str, message: impl Into<String>) -> ConfigError {
     }
 }
 
-/// The node this host is joined as.
+/// The node this host is joined as; a join still under way (a crashed one) is not joined yet:
+/// it is finished from its recorded intent instead.
 fn joined_as(state: &Path) -> anyhow::Result<Option<String>> {
-    Ok(node_host::current_state(state)?.and_then(|s| s.node().map(|n| n.name.clone())))
+    Ok(node_host::current_state(state)?
+        .filter(|s| !matches!(s, NodeState::Joining { .. }))
+        .and_then(|s| s.node().map(|n| n.name.clone())))
 }
 
 /// The goal comes from the node's Machine; join creates it when there is none.
