@@ -175,12 +175,12 @@ impl SimHost {
         self.world().faults.push(Fault { call, kind, nth });
     }
 
-    /// systemd (re)started the agent unit (a new agent process).
-    /// The agent's process exited on its own (after a reset): its unit is inactive.
+    /// The agent's process exited (after a reset, or it died): its unit is inactive.
     pub fn agent_exited(&self) {
         self.world().stop_unit(super::AGENT_UNIT);
     }
 
+    /// systemd (re)started the agent unit (a new agent process).
     pub fn agent_started(&self) {
         let mut w = self.world();
         let now = w.now;
