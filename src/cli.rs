@@ -150,10 +150,24 @@ fn yaml<T: serde::Serialize>(v: &T) -> String {
     serde_saphyr::to_string(v).unwrap_or_default()
 }
 
-/// Runs a command's future on a fresh runtime; an error is printed and exits 1.
-pub fn block_on(
+/// How a failed command is reported: the line it prints and its exit status.
+pub trait CommandError {
+    fn report(&self) -> String;
+    fn exit_code(&self) -> u8 {
+        1
+    }
+}
+
+impl CommandError for anyhow::Error {
+    fn report(&self) -> String {
+        format!("{self:#}")
+    }
+}
+
+/// Runs a command's future on a fresh runtime and reports its failure.
+pub fn block_on<E: CommandError>(
     command: &str,
-    fut: impl std::future::Future<Output = anyhow::Result<()>>,
+    fut: impl std::future::Future<Output = Result<(), E>>,
 ) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -168,8 +182,8 @@ pub fn block_on(
     match runtime.block_on(fut) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("flexnode {command}: {e:#}");
-            ExitCode::FAILURE
+            eprintln!("flexnode {command}: {}", e.report());
+            ExitCode::from(e.exit_code())
         }
     }
 }

@@ -7,6 +7,7 @@ use crate::api::Machine;
 use crate::api::machine::{KubernetesSpec, MachineSpec};
 use crate::cli::EXIT_CONFIG;
 use crate::config::{CONFIG_PATH, Config, ConfigError, KUBECONFIG_PATH};
+use crate::effects::atomic_file::write_file_atomic;
 use crate::effects::{AGENT_UNIT, Effects, Systemd};
 use crate::exec::{Fed, Runner, SystemClock};
 use crate::machine::input::JoinRequest;
@@ -18,8 +19,7 @@ use crate::reconcile::client_from_kubeconfig;
 use crate::reconcile::publisher::KubePublisher;
 use crate::store::{Store, StoreError};
 use kube::api::{Api, PostParams};
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -39,28 +39,24 @@ impl<E: Into<anyhow::Error>> From<E> for Failure {
     }
 }
 
-pub fn run(state: &Path, config: &Path) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("flexnode join: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(join(state, config)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(Failure::Config(e)) => {
-            eprintln!("flexnode join: impossible setting: {e}");
-            ExitCode::from(EXIT_CONFIG)
-        }
-        Err(Failure::Other(e)) => {
-            eprintln!("flexnode join: {e:#}");
-            ExitCode::FAILURE
+impl crate::cli::CommandError for Failure {
+    fn report(&self) -> String {
+        match self {
+            Self::Config(e) => format!("impossible setting: {e}"),
+            Self::Other(e) => format!("{e:#}"),
         }
     }
+
+    fn exit_code(&self) -> u8 {
+        match self {
+            Self::Config(_) => EXIT_CONFIG,
+            Self::Other(_) => 1,
+        }
+    }
+}
+
+pub fn run(state: &Path, config: &Path) -> ExitCode {
+    crate::cli::block_on("join", join(state, config))
 }
 
 async fn join(state: &Path, path: &Path) -> Result<(), Failure> {
@@ -265,21 +261,7 @@ fn install_files(config: &Config) -> anyhow::Result<()> {
 }
 
 fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let tmp = path.with_extension("tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .create_new(true)
-        .write(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", tmp.display()))?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
+    Ok(write_file_atomic(path, bytes, 0o600)?)
 }
 
 /// A joined host: units as this build ships them, the agent enabled and running.

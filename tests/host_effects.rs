@@ -738,38 +738,20 @@ fn member_and_decompression_caps() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("a.tgz");
     std::fs::write(&path, agent_archive(&vec![1u8; 2 << 20])).expect("archive");
-    let limits = |member: u64, unpacked: u64| ArchiveLimits {
-        max_download: 256 << 20,
-        max_member: member,
-        max_unpacked: unpacked,
+    let install = |member: u64, unpacked: u64| {
+        let limits = ArchiveLimits {
+            max_download: 256 << 20,
+            max_member: member,
+            max_unpacked: unpacked,
+        };
+        archive::install_member(&path, MEMBER, dir.path(), "flexnode", limits)
     };
-    let m = archive::install_member(
-        &path,
-        MEMBER,
-        dir.path(),
-        "flexnode",
-        limits(1 << 20, 8 << 20),
-    )
-    .expect_err("member cap");
+    let m = install(1 << 20, 8 << 20).expect_err("member cap");
     assert!(m.contains("1 byte to 1 MiB"), "{m}");
-    let m = archive::install_member(
-        &path,
-        MEMBER,
-        dir.path(),
-        "flexnode",
-        limits(8 << 20, 1 << 20),
-    )
-    .expect_err("stream cap");
+    let m = install(8 << 20, 1 << 20).expect_err("stream cap");
     assert!(m.contains("decompressed archive is too large"), "{m}");
     assert!(!dir.path().join("flexnode").exists());
-    archive::install_member(
-        &path,
-        MEMBER,
-        dir.path(),
-        "flexnode",
-        limits(8 << 20, 8 << 20),
-    )
-    .expect("within caps");
+    install(8 << 20, 8 << 20).expect("within caps");
     assert_eq!(
         std::fs::read(dir.path().join("flexnode"))
             .expect("read")

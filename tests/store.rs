@@ -14,6 +14,13 @@ fn path(dir: &tempfile::TempDir) -> std::path::PathBuf {
     dir.path().join("flexnode/state.db")
 }
 
+/// The store's directory as the store would make it (0700), for files written before it opens.
+fn private_parent(p: &std::path::Path) {
+    let dir = p.parent().expect("dir");
+    std::fs::create_dir_all(dir).expect("mkdir");
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+}
+
 #[test]
 fn creates_private_files_and_migrates_an_empty_store() {
     let dir = tempfile::tempdir().expect("tmp");
@@ -198,12 +205,7 @@ fn reopens_after_an_abrupt_exit_mid_transaction() {
 fn a_file_that_is_not_a_database_is_reported_not_guessed() {
     let dir = tempfile::tempdir().expect("tmp");
     let p = path(&dir);
-    std::fs::create_dir_all(p.parent().expect("dir")).expect("mkdir");
-    std::fs::set_permissions(
-        p.parent().expect("dir"),
-        std::fs::Permissions::from_mode(0o700),
-    )
-    .expect("chmod");
+    private_parent(&p);
     std::fs::write(&p, b"this is not sqlite, just text that happens to be here").expect("write");
     let err = Store::open(&p).expect_err("garbage");
     assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
@@ -268,12 +270,7 @@ fn migrates_a_schema_1_store_keeping_its_state() {
     use flexnode::store::migrations::MIGRATIONS;
     let dir = tempfile::tempdir().expect("tmp");
     let p = path(&dir);
-    std::fs::create_dir_all(p.parent().expect("dir")).expect("mkdir");
-    std::fs::set_permissions(
-        p.parent().expect("dir"),
-        std::fs::Permissions::from_mode(0o700),
-    )
-    .expect("chmod");
+    private_parent(&p);
     {
         let raw = rusqlite::Connection::open(&p).expect("raw");
         raw.execute_batch(MIGRATIONS[0]).expect("schema 1");

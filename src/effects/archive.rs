@@ -7,6 +7,7 @@
 //! (it may hold a SAS token), never userinfo, never a redirect target. Temporary files are
 //! removed on every path, including a cancelled future.
 
+use super::atomic_file::{TempFile, sync_dir};
 use super::{EffectError, EffectResult};
 use crate::machine::validate::{Arch, ArchiveUrl, Sha256Hex};
 use http_body_util::{BodyExt, Empty};
@@ -17,7 +18,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 
@@ -160,50 +161,6 @@ impl Default for ArchiveFetcher {
     fn default() -> Self {
         Self::new()
     }
-}
-
-/// A file removed when dropped unless it was kept.
-#[derive(Debug)]
-pub(crate) struct TempFile {
-    path: PathBuf,
-    keep: bool,
-}
-
-impl TempFile {
-    /// A fresh, unused name in `dir` (the file is not created).
-    pub(crate) fn name_in(dir: &Path, stem: &str) -> EffectResult<Self> {
-        let mut suffix = [0u8; 8];
-        getrandom::fill(&mut suffix)
-            .map_err(|e| EffectError::Failed(format!("random temporary name: {e}")))?;
-        Ok(Self {
-            path: dir.join(format!(".{stem}.{}.tmp", hex::encode(suffix))),
-            keep: false,
-        })
-    }
-
-    pub(crate) fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// The file was renamed into place: nothing is left to remove.
-    pub(crate) fn keep(mut self) {
-        self.keep = true;
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        if !self.keep {
-            let _ = std::fs::remove_file(&self.path);
-        }
-    }
-}
-
-/// fsync of a directory, after a rename in it.
-pub(crate) fn sync_dir(dir: &Path) -> EffectResult {
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| EffectError::Failed(format!("fsync {}: {e}", dir.display())))
 }
 
 /// A downloaded archive in its temporary file (removed when this is dropped).

@@ -19,7 +19,8 @@
 //! rename, fsync of the directory. Nothing here follows a symlink it removes. Every method is
 //! idempotent: called again after a crash it finishes what is missing.
 
-use super::archive::{ArchiveFetcher, BINARY_NAME, TempFile, sync_dir};
+use super::archive::{ArchiveFetcher, BINARY_NAME};
+use super::atomic_file::{TempFile, parent_of, replace_symlink, sync_dir, write_file_atomic};
 use super::{EffectError, EffectResult, Host};
 use crate::machine::state::{AgentBuild, InstallMode, Side, Slot};
 use crate::machine::validate::{Arch, ArchiveUrl, Sha256Hex};
@@ -522,54 +523,6 @@ fn ensure_real_dir(path: &Path, mode: u32) -> EffectResult {
             .map_err(|e| io_failed("chmod", path, &e))?;
     }
     Ok(())
-}
-
-fn parent_of(path: &Path) -> EffectResult<&Path> {
-    path.parent()
-        .ok_or_else(|| EffectError::Failed(format!("{} has no parent", path.display())))
-}
-
-fn file_stem(path: &Path) -> String {
-    path.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
-}
-
-/// Points the symlink `link` at `target` atomically (a no-op when it already does). A file or
-/// symlink in its place is replaced; a directory is refused.
-pub(crate) fn replace_symlink(link: &Path, target: &str) -> EffectResult {
-    if std::fs::read_link(link).is_ok_and(|t| t == Path::new(target)) {
-        return Ok(());
-    }
-    let dir = parent_of(link)?;
-    let temp = TempFile::name_in(dir, &file_stem(link))?;
-    std::os::unix::fs::symlink(target, temp.path())
-        .map_err(|e| io_failed("create link", temp.path(), &e))?;
-    std::fs::rename(temp.path(), link).map_err(|e| io_failed("replace", link, &e))?;
-    temp.keep();
-    sync_dir(dir)
-}
-
-/// Writes `path` atomically with `mode`.
-fn write_file_atomic(path: &Path, contents: &[u8], mode: u32) -> EffectResult {
-    let dir = parent_of(path)?;
-    let temp = TempFile::name_in(dir, &file_stem(path))?;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(temp.path())
-        .map_err(|e| io_failed("create", temp.path(), &e))?;
-    f.write_all(contents)
-        .map_err(|e| io_failed("write", temp.path(), &e))?;
-    f.set_permissions(std::fs::Permissions::from_mode(mode))
-        .map_err(|e| io_failed("chmod", temp.path(), &e))?;
-    f.sync_all()
-        .map_err(|e| io_failed("fsync", temp.path(), &e))?;
-    drop(f);
-    std::fs::rename(temp.path(), path).map_err(|e| io_failed("replace", path, &e))?;
-    temp.keep();
-    sync_dir(dir)
 }
 
 /// A small text file, `None` when absent. With `follow == false` a symlink at `path` is

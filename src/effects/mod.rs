@@ -4,6 +4,7 @@
 //! may call a method again after a crash, and it must then only finish what is missing.
 
 pub mod archive;
+pub(crate) mod atomic_file;
 pub mod containerd;
 pub mod host;
 pub mod lazy_containerd;

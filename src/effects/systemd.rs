@@ -14,12 +14,12 @@
 //! registered *before* the method call that queues the job, so a job that finishes at once is
 //! not missed, and a result other than `done` is an [`EffectError::Failed`] naming the unit.
 
+use super::atomic_file::{sync_dir, write_file_atomic};
 use super::{EffectError, EffectResult, MachineStatus, Systemd, check_unit_name, machine_unit};
 use crate::machine::Timestamp;
 use crate::machine::state::Side;
 use futures::StreamExt;
 use std::future::Future;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use zbus::proxy::CacheProperties;
@@ -533,9 +533,11 @@ impl Systemd for DbusSystemd {
         let dir = self.unit_dir.clone();
         let name = name.to_string();
         let contents = contents.to_string();
-        tokio::task::spawn_blocking(move || write_atomic(&dir, &name, contents.as_bytes()))
-            .await
-            .map_err(|e| EffectError::Failed(format!("write unit: {e}")))?
+        tokio::task::spawn_blocking(move || {
+            write_file_atomic(&dir.join(&name), contents.as_bytes(), 0o644)
+        })
+        .await
+        .map_err(|e| EffectError::Failed(format!("write unit: {e}")))?
     }
 
     async fn remove_unit(&self, name: &str) -> EffectResult {
@@ -745,42 +747,6 @@ fn check_machine_name(name: &str) -> EffectResult {
     }
 }
 
-fn write_atomic(dir: &Path, name: &str, contents: &[u8]) -> EffectResult {
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let target = dir.join(name);
-    let fail = |what: &str, e: std::io::Error| {
-        EffectError::Failed(format!("write unit {}: {what}: {e}", target.display()))
-    };
-    let mut suffix = [0u8; 6];
-    getrandom::fill(&mut suffix).map_err(|e| EffectError::Failed(format!("random: {e}")))?;
-    let tmp = dir.join(format!(".{name}.{}.tmp", hex::encode(suffix)));
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .open(&tmp)
-            .map_err(|e| fail("create temporary file", e))?;
-        // The umask may have cleared bits of 0644.
-        f.set_permissions(std::fs::Permissions::from_mode(0o644))
-            .map_err(|e| fail("chmod", e))?;
-        f.write_all(contents).map_err(|e| fail("write", e))?;
-        f.sync_all().map_err(|e| fail("fsync", e))?;
-        std::fs::rename(&tmp, &target).map_err(|e| fail("rename", e))
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result?;
-    sync_dir(dir)
-}
-
-fn sync_dir(dir: &Path) -> EffectResult {
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| EffectError::Failed(format!("fsync {}: {e}", dir.display())))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -811,8 +777,13 @@ mod tests {
     fn write_is_atomic_with_mode_0644() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().expect("tempdir");
-        write_atomic(dir.path(), "a.service", b"[Unit]\n").expect("write");
-        write_atomic(dir.path(), "a.service", b"[Unit]\nDescription=x\n").expect("rewrite");
+        write_file_atomic(&dir.path().join("a.service"), b"[Unit]\n", 0o644).expect("write");
+        write_file_atomic(
+            &dir.path().join("a.service"),
+            b"[Unit]\nDescription=x\n",
+            0o644,
+        )
+        .expect("rewrite");
         let p = dir.path().join("a.service");
         assert_eq!(
             std::fs::read_to_string(&p).expect("read"),
