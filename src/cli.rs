@@ -89,7 +89,7 @@ pub const EXIT_USAGE: u8 = 64;
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Version => {
-            println!("flexnode {}", env!("CARGO_PKG_VERSION"));
+            println!("flexnode {}", crate::VERSION);
             ExitCode::SUCCESS
         }
         Command::Status { output } => read(&cli.state, |reader| {

@@ -2,6 +2,14 @@
 //!
 //! `machine` is the pure core; `store` its durable memory; `effects` the traits over the host
 //! and API server (with a simulated host); `exec` drives the core through them.
+/// The version this build reports (`flexnode version`, User-Agent). `FLEXNODE_VERSION` at
+/// build time overrides the crate version: the e2e lab builds a second, distinguishable
+/// build to upgrade to.
+pub const VERSION: &str = match option_env!("FLEXNODE_VERSION") {
+    Some(v) => v,
+    None => env!("CARGO_PKG_VERSION"),
+};
+
 pub mod api;
 pub mod cli;
 pub mod config;

@@ -64,6 +64,9 @@ pub struct SimNode {
     runner: Option<SimRunner>,
     /// Simulated process deaths so far.
     pub crashes: u32,
+    /// Of those, deaths of the agent daemon after which systemd started the agent again: each
+    /// is a restart of the agent, which an interrupted restart effect may count as done.
+    pub daemon_restarts: u32,
 }
 
 impl SimNode {
@@ -78,13 +81,26 @@ impl SimNode {
             path: path.to_path_buf(),
             runner: None,
             crashes: 0,
+            daemon_restarts: 0,
         }
     }
 
-    /// The current agent process, opening the store as a new process would.
+    /// The current agent process, opening the store as a new process would. A process of the
+    /// same test binary that another test forks may briefly hold a copy of the lock the
+    /// previous runner dropped (until it execs), so a locked store is retried for a while.
     pub fn runner(&mut self) -> Result<&mut SimRunner, ExecError> {
         if self.runner.is_none() {
-            let store = Store::open(&self.path)?;
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            let store = loop {
+                match Store::open(&self.path) {
+                    Err(crate::store::StoreError::Locked(_))
+                        if std::time::Instant::now() < deadline =>
+                    {
+                        std::thread::sleep(std::time::Duration::from_millis(5));
+                    }
+                    other => break other?,
+                }
+            };
             let fx = Effects {
                 systemd: self.host.clone(),
                 containerd: self.host.clone(),
@@ -110,19 +126,13 @@ impl SimNode {
     pub async fn feed(&mut self, input: Input) -> Result<Fed, SimError> {
         self.sync_clock();
         match self.runner()?.feed(input).await {
-            // A reset ends the daemon process.
-            Ok(fed) if matches!(&fed, Fed::Accepted(s) if matches!(**s, NodeState::Unjoined { .. })) =>
-            {
-                self.host.agent_exited();
-                self.stop_process();
-                Ok(fed)
-            }
-            Ok(fed) => Ok(fed),
+            Ok(fed) => Ok(self.daemon_went_on(fed)),
             Err(ExecError::Crashed) => {
                 self.died();
                 // The agent's process is gone: its unit is not active until systemd starts it.
                 self.host.agent_exited();
                 if self.host.selected_build().is_some() {
+                    self.daemon_restarts += 1;
                     self.boot().await
                 } else {
                     // No agent left to restart (a reset was uninstalling): the operator's next
@@ -145,6 +155,15 @@ impl SimNode {
         Ok(Fed::Accepted(Box::new(state)))
     }
 
+    /// A reset ends the daemon process: its unit goes inactive (and, without its file, away).
+    fn daemon_went_on(&mut self, fed: Fed) -> Fed {
+        if matches!(&fed, Fed::Accepted(s) if matches!(**s, NodeState::Unjoined { .. })) {
+            self.host.agent_exited();
+            self.stop_process();
+        }
+        fed
+    }
+
     fn died(&mut self) {
         self.crashes += 1;
         self.runner = None;
@@ -164,8 +183,11 @@ impl SimNode {
             }
             self.host.agent_started();
             match self.runner()?.start(running).await {
-                Ok(fed) => return Ok(fed),
-                Err(ExecError::Crashed) => self.died(),
+                Ok(fed) => return Ok(self.daemon_went_on(fed)),
+                Err(ExecError::Crashed) => {
+                    self.died();
+                    self.daemon_restarts += 1;
+                }
                 Err(e) => return Err(e.into()),
             }
         }

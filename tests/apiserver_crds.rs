@@ -8,10 +8,12 @@ use std::path::Path;
 use support::Lab;
 
 #[test]
+#[cfg_attr(
+    flexnode_skip = "controlplane",
+    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
+)]
 fn crds_accept_the_upstream_examples_and_select_by_machine_ref() {
-    let Some(lab) = Lab::up_unless_skipped() else {
-        return;
-    };
+    let lab = Lab::up();
     let samples = Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/samples");
     let (ok, out) = lab.kubectl(&["apply", "-f", &samples.display().to_string()]);
     assert!(ok, "{out}");

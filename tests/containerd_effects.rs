@@ -1,7 +1,7 @@
 //! The containerd effects against a real containerd and a plain-HTTP registry on 127.0.0.1
 //! (`e2e/containerd/run`), each test once with Debian's containerd 1.6 (`…::v1_6::`) and
 //! once with containerd 2.x built from `e2e/containerd/v2/go.mod` (`…::v2::`, built into the
-//! cache on first use, ≈ 2 min). Skipped only when FLEXNODE_SKIP_CONTAINERD is set. Needs root.
+//! cache by `.ci/run`). A missing tier fails; skipped only with FLEXNODE_SKIP_CONTAINERD=1. Needs root.
 //!
 //! What the tests check is read back independently of the code under test: chainIDs are
 //! computed here from the config in the registry's storage, and records, content and
@@ -39,6 +39,7 @@ macro_rules! both_versions {
             $(
                 $(#[$attr])*
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[cfg_attr(flexnode_skip = "containerd", ignore = "SKIPPED containerd: FLEXNODE_SKIP_CONTAINERD=1")]
                 async fn $name() {
                     super::$name(super::Flavor::V1_6).await
                 }
@@ -48,6 +49,7 @@ macro_rules! both_versions {
             $(
                 $(#[$attr])*
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[cfg_attr(flexnode_skip = "containerd", ignore = "SKIPPED containerd: FLEXNODE_SKIP_CONTAINERD=1")]
                 async fn $name() {
                     super::$name(super::Flavor::V2).await
                 }
@@ -63,8 +65,6 @@ both_versions!(
     images_not_pulled_by_the_agent_are_never_removed,
     pull_reports_progress,
     containers_run_stop_and_delete,
-    #[ignore = "measurement"]
-    measure_pull_10mb,
 );
 
 impl Tier {
@@ -213,9 +213,7 @@ fn failed(r: Result<(), EffectError>) -> String {
 }
 
 async fn pull_by_digest_unpacks_is_idempotent_and_removable(flavor: Flavor) {
-    let Some(tier) = Tier::up_unless_skipped(flavor) else {
-        return;
-    };
+    let tier = Tier::up(flavor);
     let digest = tier.image("e2e/agent:v1", 3, false);
     let reference = tier.reference("e2e/agent", &digest);
     let (manifest, layers, top_chain) = tier.expected_layout(&digest);
@@ -299,9 +297,7 @@ async fn pull_by_digest_unpacks_is_idempotent_and_removable(flavor: Flavor) {
 }
 
 async fn index_digest_unpacks_the_host_platform(flavor: Flavor) {
-    let Some(tier) = Tier::up_unless_skipped(flavor) else {
-        return;
-    };
+    let tier = Tier::up(flavor);
     let digest = tier.image("e2e/multi:v1", 1, true);
     let reference = tier.reference("e2e/multi", &digest);
     let (manifest, layers, top_chain) = tier.expected_layout(&digest);
@@ -326,9 +322,7 @@ async fn index_digest_unpacks_the_host_platform(flavor: Flavor) {
 }
 
 async fn bad_pulls_fail_clearly_and_leave_nothing(flavor: Flavor) {
-    let Some(tier) = Tier::up_unless_skipped(flavor) else {
-        return;
-    };
+    let tier = Tier::up(flavor);
     let agent = tier.agent().await;
     let ch = tier.channel().await;
     let good = tier.image("e2e/agent:v1", 1, false);
@@ -413,9 +407,7 @@ async fn bad_pulls_fail_clearly_and_leave_nothing(flavor: Flavor) {
 }
 
 async fn images_not_pulled_by_the_agent_are_never_removed(flavor: Flavor) {
-    let Some(tier) = Tier::up_unless_skipped(flavor) else {
-        return;
-    };
+    let tier = Tier::up(flavor);
     let agent = tier.agent().await;
     let ch = tier.channel().await;
     let digest = tier.image("e2e/other:v1", 1, false);
@@ -468,9 +460,7 @@ async fn images_not_pulled_by_the_agent_are_never_removed(flavor: Flavor) {
 /// per ~1 MiB and per layer, never decreasing, ending at the manifest's totals, without the
 /// registry address; a second pull (all content there) reports each layer once.
 async fn pull_reports_progress(flavor: Flavor) {
-    let Some(tier) = Tier::up_unless_skipped(flavor) else {
-        return;
-    };
+    let tier = Tier::up(flavor);
     let digest = tier.image("e2e/progress:v1", 3, false);
     let reference = tier.reference("e2e/progress", &digest);
     let manifest = tier.blob_json(&digest.oci());
@@ -639,9 +629,7 @@ fn cap_eff(text: &str) -> u64 {
 /// grace) → delete, on a busybox image pulled by the agent, with runc on this host (cgroup v1
 /// hybrid, cgroupfs driver, no resource limits).
 async fn containers_run_stop_and_delete(flavor: Flavor) {
-    let Some(tier) = Tier::up_unless_skipped(flavor) else {
-        return;
-    };
+    let tier = Tier::up(flavor);
     let t0 = Instant::now();
     let digest = tier.busybox_image("e2e/busybox:v1");
     let reference = tier.reference("e2e/busybox", &digest);
@@ -888,35 +876,5 @@ async fn containers_run_stop_and_delete(flavor: Flavor) {
          stop by SIGKILL after {} ms grace {kill_ms} ms; whole test {} ms",
         grace.as_millis(),
         t0.elapsed().as_millis()
-    );
-}
-
-/// Pull + unpack of a 10 MB image by digest, median of 5 (image removed between runs):
-/// `cargo test --test containerd_effects -- --ignored --nocapture measure`.
-async fn measure_pull_10mb(flavor: Flavor) {
-    let Some(tier) = Tier::up_unless_skipped(flavor) else {
-        return;
-    };
-    let digest = tier.image("e2e/big:v1", 10, false);
-    let reference = tier.reference("e2e/big", &digest);
-    let (_, _, top_chain) = tier.expected_layout(&digest);
-    let agent = tier.agent().await;
-    let ch = tier.channel().await;
-    let mut times = Vec::new();
-    for _ in 0..5 {
-        let start = Instant::now();
-        agent.pull(&reference, &digest).await.expect("pull");
-        times.push(start.elapsed());
-        assert!(snapshot_exists(&ch, &top_chain).await);
-        agent.remove_agent_image(&digest).await.expect("remove");
-        assert!(!snapshot_exists(&ch, &top_chain).await);
-    }
-    let mut sorted = times.clone();
-    sorted.sort();
-    eprintln!(
-        "pull+unpack 10 MB by digest ({flavor:?}, {}): runs {:?}, median {:?}",
-        snapshotter(),
-        times,
-        sorted[2]
     );
 }

@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use support::Lab;
 use support::agent::{Agent, admin, apply_rbac, create_node_and_machine};
+use support::logs;
 
 fn v2() -> Build {
     Build {
@@ -110,10 +111,12 @@ fn machine_restarts(host: &SimHost) -> usize {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    flexnode_skip = "controlplane",
+    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
+)]
 async fn claims_runs_and_publishes_operations() {
-    let Some(lab) = Lab::up_unless_skipped() else {
-        return;
-    };
+    let lab = Lab::up();
     apply_rbac(&lab);
     let client = admin(&lab).await;
     create_node_and_machine(
@@ -283,10 +286,12 @@ async fn claims_runs_and_publishes_operations() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    flexnode_skip = "controlplane",
+    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
+)]
 async fn agent_upgrade_hands_off_in_both_install_modes() {
-    let Some(lab) = Lab::up_unless_skipped() else {
-        return;
-    };
+    let lab = Lab::up();
     apply_rbac(&lab);
     let client = admin(&lab).await;
     create_node_and_machine(&client, "host-node", &[]).await;
@@ -343,12 +348,20 @@ async fn agent_upgrade_hands_off_in_both_install_modes() {
         phase(o) == Some(OperationPhase::InProgress)
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let b = Api::<MachineOperation>::all(client.clone())
-        .get("up-b")
+    // The daemon saw the second one and decided it waits: it says so (phase Pending).
+    wait_for(&client, "up-b", 30, |o| {
+        phase(o) == Some(OperationPhase::Pending)
+    })
+    .await;
+    let a = Api::<MachineOperation>::all(client.clone())
+        .get("up-a")
         .await
         .expect("get");
-    assert_eq!(phase(&b), None, "the second upgrade must wait");
+    assert_eq!(
+        phase(&a),
+        Some(OperationPhase::InProgress),
+        "up-b waits while up-a runs"
+    );
     for op in ["up-a", "up-b"] {
         let deadline = Instant::now() + Duration::from_secs(30);
         while !host.fire_restart_timer().await {
@@ -375,10 +388,12 @@ async fn agent_upgrade_hands_off_in_both_install_modes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    flexnode_skip = "controlplane",
+    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
+)]
 async fn a_killed_daemon_and_an_unreachable_api_server_still_give_one_result() {
-    let Some(lab) = Lab::up_unless_skipped() else {
-        return;
-    };
+    let lab = Lab::up();
     apply_rbac(&lab);
     let client = admin(&lab).await;
     create_node_and_machine(&client, "edge-07", &[]).await;
@@ -432,7 +447,14 @@ async fn a_killed_daemon_and_an_unreachable_api_server_still_give_one_result() {
         .trim()
         .parse()
         .expect("pid number");
+    // Signalled only if that PID is still this lab's apiserver (not a reused PID).
     let signal = |sig: &str| {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        assert!(
+            cmdline.contains("kube-apiserver") && cmdline.contains(&lab.dir.display().to_string()),
+            "pid {pid} is not this lab's kube-apiserver: {cmdline:?}"
+        );
         let ok = std::process::Command::new("kill")
             .args([sig, &pid.to_string()])
             .status()
@@ -446,18 +468,27 @@ async fn a_killed_daemon_and_an_unreachable_api_server_still_give_one_result() {
     let op = wait_terminal(&client, "reboot-outage").await;
     assert_eq!(reason(&op), "True/Succeeded");
     assert_eq!(machine_restarts(&agent.host), 2);
-    // Killed once more and restarted: nothing is run or published again.
+    // Killed once more and restarted: nothing is run or published again, once the new daemon
+    // has listed the operations and decided about each.
+    let since = logs::mark();
     agent.restart().await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let listed = logs::wait_line(since, Duration::from_secs(30), |l| {
+        l.contains("operations listed") && l.contains("node=edge-07") && l.contains("watch=own")
+    })
+    .await
+    .expect("the restarted daemon listed the operations");
+    assert!(listed.contains("waiting=0"), "{listed}");
     assert_eq!(machine_restarts(&agent.host), 2);
     agent.kill().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    flexnode_skip = "controlplane",
+    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
+)]
 async fn agent_reset_and_the_deletion_signal_reset_the_node() {
-    let Some(lab) = Lab::up_unless_skipped() else {
-        return;
-    };
+    let lab = Lab::up();
     apply_rbac(&lab);
     let client = admin(&lab).await;
     create_node_and_machine(&client, "edge-07", &[]).await;
@@ -488,6 +519,7 @@ async fn agent_reset_and_the_deletion_signal_reset_the_node() {
     }
 
     // The deletion signal: taint alone waits; taint + Machine gone resets.
+    let since = logs::mark();
     let nodes: Api<Node> = Api::all(client.clone());
     let taint = serde_json::json!({"spec": {"taints": [{
         "key": "kubernetes.azure.com/flex-node-deleting", "value": "true", "effect": "NoSchedule"}]}});
@@ -499,7 +531,14 @@ async fn agent_reset_and_the_deletion_signal_reset_the_node() {
         )
         .await
         .expect("taint");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let seen = logs::wait_line(since, Duration::from_secs(30), |l| {
+        l.contains("goal observed")
+            && l.contains("node=edge-08")
+            && l.contains("tainted for deletion")
+    })
+    .await
+    .expect("the daemon observed the taint");
+    assert!(seen.contains("outcome=Ready"), "{seen}");
     assert!(
         deleted.host.world().runtime_files,
         "a taint alone must not wipe"

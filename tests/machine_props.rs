@@ -1,27 +1,217 @@
-//! Property tests of the pure core: reset paths, no duplicated disruption, no URL secrets.
+//! Property tests of the pure core over its explored state graph (`src/machine/table.rs`):
+//! its size, its alphabet, the soundness of how it identifies states, reset paths; and random
+//! runs: no duplicated disruption, no URL secrets.
 
+use flexnode::machine::effect::OpResult;
 use flexnode::machine::input::{
     Claim, ClaimKind, GoalObservation, JoinRequest, MachineObservation, NodeObservation,
 };
 use flexnode::machine::policy::Policy;
 use flexnode::machine::state::{AgentBuild, Goal, InstallMode, OpRef, Slot};
-use flexnode::machine::table::{DIGEST_INSTALLED, DIGEST_UPGRADE, explore, transitions};
+use flexnode::machine::state::{RepavePhase, UpgradePhase};
+use flexnode::machine::table::{
+    BASE, Counts, DIGEST_INSTALLED, DIGEST_UPGRADE, Graph, INPUT_VARIANTS, control, explore,
+    input_variant, sample_inputs, shift_effect, shift_state, transitions,
+};
 use flexnode::machine::validate::{Arch, Sha256Hex};
-use flexnode::machine::{Effect, Input, NodeState, Timestamp, step};
+use flexnode::machine::{Effect, Input, NodeState, Step, Timestamp, step};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::OnceLock;
 
 const T0: i64 = 1_785_578_400_000;
 
-/// (a) From every reachable state, some sequence of inputs ends in `Unjoined` (reset).
+/// The explored graph, once per test binary (it takes a few seconds in a debug build).
+fn graph() -> &'static Graph {
+    static GRAPH: OnceLock<Graph> = OnceLock::new();
+    GRAPH.get_or_init(explore)
+}
+
+/// The counts `docs/design.md` states (written by `cargo run --bin crdgen`).
+fn documented_counts() -> String {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/design.md"))
+        .expect("read docs/design.md");
+    doc.lines()
+        .find(|l| l.starts_with("The exploration applies "))
+        .expect("docs/design.md states the exploration's counts")
+        .to_string()
+}
+
+/// The graph is as large as the design says: a change to the core or to the alphabet that
+/// grows or shrinks it shows in the diff of `docs/design.md`.
+#[test]
+fn the_exploration_reaches_the_documented_counts() {
+    let counts = Counts::of(graph());
+    eprintln!("{counts:?}");
+    assert_eq!(
+        counts.sentence(),
+        documented_counts(),
+        "docs/design.md is stale: run `cargo run --bin crdgen`"
+    );
+}
+
+/// The alphabet covers every input variant, every claim kind under more than one UID, every
+/// Node and Machine observation, goal generations beyond 2 and every build a daemon runs.
+#[test]
+fn the_alphabet_covers_every_input_variant() {
+    let inputs = sample_inputs();
+    let variants: HashSet<usize> = inputs.iter().map(input_variant).collect();
+    assert_eq!(
+        variants.len(),
+        INPUT_VARIANTS,
+        "variants covered: {variants:?}"
+    );
+    let mut uids_per_kind: HashMap<&'static str, HashSet<String>> = HashMap::new();
+    let mut nodes = HashSet::new();
+    let mut machines = HashSet::new();
+    let mut generations = HashSet::new();
+    for input in &inputs {
+        match input {
+            Input::OperationClaimed(c) => {
+                let kind = match &c.kind {
+                    ClaimKind::NodeReboot => "NodeReboot",
+                    ClaimKind::AgentReset => "AgentReset",
+                    ClaimKind::AgentUpgrade { .. } => "AgentUpgrade",
+                    ClaimKind::Unsupported { .. } => "Unsupported",
+                };
+                uids_per_kind
+                    .entry(kind)
+                    .or_default()
+                    .insert(c.op.uid.clone());
+            }
+            Input::GoalObserved(g) => {
+                nodes.insert(format!("{:?}", g.node));
+                machines.insert(match &g.machine {
+                    MachineObservation::Missing => "Missing",
+                    MachineObservation::Unknown => "Unknown",
+                    MachineObservation::Present(goal) => {
+                        generations.insert(goal.generation);
+                        "Present"
+                    }
+                });
+            }
+            Input::Join(_)
+            | Input::EffectsDone
+            | Input::EffectsFailed { .. }
+            | Input::DaemonStarted { .. }
+            | Input::RecoveryRequested { .. }
+            | Input::ResetRequested
+            | Input::Tick => {}
+        }
+    }
+    assert_eq!(uids_per_kind.len(), 4, "{uids_per_kind:?}");
+    for (kind, uids) in &uids_per_kind {
+        assert!(uids.len() >= 2, "{kind} is claimed under one UID only");
+    }
+    assert_eq!(nodes.len(), 3, "{nodes:?}");
+    assert_eq!(machines.len(), 3, "{machines:?}");
+    assert!(generations.iter().any(|g| *g > 2), "{generations:?}");
+}
+
+/// The two ways the exploration identifies states hold over the explored states and inputs:
+/// moving the state and the clock by the same amount moves the step by that amount, and
+/// states equal but for start times and rollback messages step alike but for that data.
+#[test]
+fn time_shift_and_data_projection_invent_no_edges() {
+    let g = graph();
+    let policy = Policy::default();
+    let mut checked = 0;
+    // Every 7th state (all of them take minutes in a debug build): all inputs, at once and at
+    // the state's deadline.
+    for state in g.states.iter().step_by(7) {
+        let mut times = vec![0];
+        if let Some(d) = state.deadline() {
+            times.push((d.millis() - BASE.millis()).max(0));
+        }
+        let other = perturbed(state);
+        for dt in times {
+            let now = Timestamp::from_millis(BASE.millis() + dt);
+            for input in &g.inputs {
+                let want = step(state, input, &policy, now);
+                for k in [1_000, 86_400_000 + 7] {
+                    let moved = step(
+                        &shift_state(state, k),
+                        input,
+                        &policy,
+                        Timestamp::from_millis(now.millis() + k),
+                    );
+                    let back = moved.map(|s| Step {
+                        next: shift_state(&s.next, -k),
+                        effects: s.effects.iter().map(|e| shift_effect(e, -k)).collect(),
+                    });
+                    assert_eq!(back, want, "time shift by {k} ms of {state} with {input}");
+                }
+                let alike = step(&other, input, &policy, now);
+                match (&want, &alike) {
+                    (Ok(a), Ok(b)) => {
+                        assert_eq!(control(&a.next), control(&b.next), "{state} with {input}");
+                        let strip = |s: &Step| -> Vec<Effect> {
+                            s.effects.iter().map(effect_without_data).collect()
+                        };
+                        assert_eq!(strip(a), strip(b), "{state} with {input}");
+                    }
+                    (Err(a), Err(b)) => assert_eq!(a, b, "{state} with {input}"),
+                    (a, b) => panic!("{state} with {input}: {a:?} but {b:?}"),
+                }
+                checked += 1;
+            }
+        }
+    }
+    eprintln!("{checked} steps checked");
+}
+
+/// `state` with other start times and rollback messages.
+fn perturbed(state: &NodeState) -> NodeState {
+    let mut s = state.clone();
+    let run_moved = |run: &mut flexnode::machine::state::OpRun| {
+        run.started_at = Timestamp::from_millis(run.started_at.millis() - 4_242_000);
+    };
+    match &mut s {
+        NodeState::Rebooting { run, .. } | NodeState::Resetting { run: Some(run), .. } => {
+            run_moved(run)
+        }
+        NodeState::Upgrading { run, phase, .. } => {
+            run_moved(run);
+            if let UpgradePhase::RollingBack { message, .. } = phase {
+                message.push_str(" (another message)");
+            }
+        }
+        NodeState::Repaving {
+            phase: RepavePhase::RollingBack { message },
+            ..
+        } => message.push_str(" (another message)"),
+        _ => {}
+    }
+    s
+}
+
+fn effect_without_data(e: &Effect) -> Effect {
+    match e {
+        Effect::PublishResult { op, result } => Effect::PublishResult {
+            op: op.clone(),
+            result: OpResult {
+                started_at: BASE,
+                message: String::new(),
+                ..result.clone()
+            },
+        },
+        Effect::ReportMachine {
+            phase,
+            observed_generation,
+            ..
+        } => Effect::ReportMachine {
+            phase: *phase,
+            message: String::new(),
+            observed_generation: *observed_generation,
+        },
+        other => other.clone(),
+    }
+}
+
+/// From every reachable state, some sequence of inputs ends in `Unjoined` (reset).
 #[test]
 fn every_reachable_state_has_a_reset_path() {
-    let graph = explore();
-    assert!(
-        graph.states.len() > 30,
-        "exploration too small: {}",
-        graph.states.len()
-    );
+    let graph = graph();
     let mut can_reset: HashSet<usize> = graph
         .states
         .iter()
@@ -31,9 +221,9 @@ fn every_reachable_state_has_a_reset_path() {
         .collect();
     loop {
         let before = can_reset.len();
-        for (from, _, to, _) in &graph.edges {
-            if can_reset.contains(to) {
-                can_reset.insert(*from);
+        for e in &graph.edges {
+            if can_reset.contains(&e.to) {
+                can_reset.insert(e.from);
             }
         }
         if can_reset.len() == before {
@@ -45,10 +235,19 @@ fn every_reachable_state_has_a_reset_path() {
     }
 }
 
+/// Every non-resting state carries a deadline.
+#[test]
+fn every_non_resting_state_has_a_deadline() {
+    for s in &graph().states {
+        let resting = matches!(s, NodeState::Unjoined { .. } | NodeState::Ready { .. });
+        assert_eq!(s.deadline().is_some(), !resting, "{s}");
+    }
+}
+
 /// Every phase of the design appears in the explored graph.
 #[test]
 fn exploration_reaches_every_phase() {
-    let labels: HashSet<String> = transitions(&explore())
+    let labels: HashSet<String> = transitions(graph())
         .into_iter()
         .flat_map(|(a, _, b)| [a, b])
         .collect();

@@ -762,12 +762,3 @@ fn ready_records_the_build_that_actually_runs() {
     assert_eq!(s.node().map(|n| n.agent.clone()), Some(green()));
     assert!(e[0].is_empty());
 }
-
-#[test]
-fn every_non_resting_state_has_a_deadline() {
-    let graph = flexnode::machine::table::explore();
-    for s in &graph.states {
-        let resting = matches!(s, NodeState::Unjoined { .. } | NodeState::Ready { .. });
-        assert_eq!(s.deadline().is_some(), !resting, "{s}");
-    }
-}

@@ -60,10 +60,12 @@ async fn op(kubeconfig: &Path, args: &[&str]) -> Run {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    flexnode_skip = "controlplane",
+    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
+)]
 async fn op_creates_lists_gets_and_waits() {
-    let Some(lab) = Lab::up_unless_skipped() else {
-        return;
-    };
+    let lab = Lab::up();
     let started = Instant::now();
     let kc: PathBuf = lab.kubeconfig();
     let kc = kc.as_path();

@@ -5,14 +5,17 @@
 //! The test writes, enables and starts a unit, reboots the guest through login1 and proves the
 //! reboot happened (boot_id changed, ssh back, the enabled unit active again).
 //!
-//! Runs whenever `qemu-system-x86_64` is installed (as root); skipped with a message otherwise,
-//! and when `FLEXNODE_SKIP_QEMU` is set.
+//! Fails when the tier is missing (not root, no QEMU, no image or saved VM: `e2e/qemu/run
+//! check` says what); skipped only with `FLEXNODE_SKIP_QEMU=1` (`tests/support/tier.rs`).
+
+mod support;
 
 use flexnode::effects::Systemd;
 use flexnode::effects::systemd::DbusSystemd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
+use support::tier::{Tier, require};
 
 const UNIT: &str = "fx-qemu-tier.service";
 const UNIT_TEXT: &str = "[Unit]\nDescription=flexnode qemu tier probe\n\n[Service]\nType=simple\nExecStart=/bin/sleep infinity\n\n[Install]\nWantedBy=multi-user.target\n";
@@ -77,37 +80,6 @@ impl Drop for Guest {
     }
 }
 
-fn in_path(bin: &str) -> bool {
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
-        .unwrap_or(false)
-}
-
-fn skip() -> bool {
-    if std::env::var_os("FLEXNODE_SKIP_QEMU").is_some() {
-        eprintln!("FLEXNODE_SKIP_QEMU set: skipped");
-        return true;
-    }
-    if !in_path("qemu-system-x86_64") {
-        eprintln!("qemu-system-x86_64 not installed: qemu tier skipped");
-        return true;
-    }
-    // Root: debootstrap, apt, sshfs and the root-owned cache under $HOME need it.
-    let uid = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
-        })
-        .unwrap_or_default();
-    if uid != "0" {
-        eprintln!("not root: qemu tier skipped");
-        return true;
-    }
-    false
-}
-
 /// Polls `f` every `every` until it returns `Some`, for at most `limit`.
 fn poll<T>(limit: Duration, every: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let start = Instant::now();
@@ -132,14 +104,10 @@ async fn connect(guest: &Guest) -> DbusSystemd {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(flexnode_skip = "qemu", ignore = "SKIPPED qemu: FLEXNODE_SKIP_QEMU=1")]
 async fn dbus_systemd_drives_a_qemu_guest_through_a_reboot() {
-    if skip() {
-        return;
-    }
+    require(Tier::Qemu);
     let t = Instant::now();
-    // Image + golden state: cached after the first run.
-    run(&["golden"]);
-    let t_golden = t.elapsed();
 
     let t_up = Instant::now();
     let guest = Guest::up(&format!("qt{}", std::process::id()));
@@ -238,10 +206,8 @@ async fn dbus_systemd_drives_a_qemu_guest_through_a_reboot() {
     assert!(pid2.parse::<u32>().unwrap_or(0) > 1, "MainPID {pid2}");
 
     eprintln!(
-        "qemu tier timings: golden/build check {} ms, restore-to-ssh {up_ms} ms, \
-         reboot-to-ssh(new boot_id) {reboot_ssh_ms} ms, reboot-to-unit-active {reboot_unit_ms} ms, \
-         total {} ms",
-        t_golden.as_millis(),
+        "qemu tier timings: restore-to-ssh {up_ms} ms, reboot-to-ssh(new boot_id) \
+         {reboot_ssh_ms} ms, reboot-to-unit-active {reboot_unit_ms} ms, total {} ms",
         t.elapsed().as_millis()
     );
     drop(sd2);

@@ -152,49 +152,39 @@ fn results_wait_in_the_outbox_until_published() {
     );
 }
 
-/// The child half of `reopens_after_an_abrupt_exit_mid_transaction`: writes, then dies
-/// without committing or closing anything.
+/// A committed step, then a second process (Python's sqlite3, so no test of this binary is
+/// its helper) writes inside a transaction and is killed by SIGKILL before it commits.
 #[test]
-fn child_dies_mid_transaction() {
-    let Ok(p) = std::env::var("FLEXNODE_TEST_CHILD_STORE") else {
-        return;
-    };
-    let mut store = Store::open(Path::new(&p)).expect("open");
+fn reopens_after_an_abrupt_exit_mid_transaction() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let p = path(&dir);
+    let mut store = Store::open(&p).expect("create");
     let s = NodeState::default();
     store
         .begin_step(&s, &Input::Tick, &s, &[], T)
         .expect("committed step");
     drop(store);
-    let mut raw = rusqlite::Connection::open(&p).expect("raw");
-    let tx = raw.transaction().expect("tx");
-    tx.execute("UPDATE node SET state = 'half-written' WHERE id = 1", [])
-        .expect("write");
-    tx.execute(
-        "INSERT INTO journal (at, from_state, input, to_state, effects) VALUES (1, 'a', 'b', 'c', '[]')",
-        [],
-    )
-    .expect("write");
-    std::process::abort();
-}
-
-#[test]
-fn reopens_after_an_abrupt_exit_mid_transaction() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let p = path(&dir);
-    Store::open(&p).expect("create");
-    let status = std::process::Command::new(std::env::current_exe().expect("exe"))
-        .args([
-            "--exact",
-            "child_dies_mid_transaction",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("FLEXNODE_TEST_CHILD_STORE", &p)
-        .stderr(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .status()
-        .expect("child");
-    assert!(!status.success(), "the child must die abruptly");
+    const CHILD: &str = r#"
+import os, signal, sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN IMMEDIATE")
+db.execute("UPDATE node SET state = 'half-written' WHERE id = 1")
+db.execute("INSERT INTO journal (at, from_state, input, to_state, effects) VALUES (1, 'a', 'b', 'c', '[]')")
+print("written", flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"#;
+    let out = std::process::Command::new("python3")
+        .args(["-c", CHILD])
+        .arg(&p)
+        .output()
+        .expect("run python3");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        out.status.signal(),
+        Some(9),
+        "the child must die by SIGKILL after writing: {out:?}"
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "written");
     let store = Store::open(&p).expect("reopen after crash");
     assert_eq!(store.load().expect("load").state, NodeState::default());
     let journal = store.journal(10).expect("journal");

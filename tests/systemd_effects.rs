@@ -1,7 +1,7 @@
 //! `DbusSystemd` against a real systemd: PID 1 of a systemd-nspawn container booted by
 //! `e2e/nspawn/run` (Debian 12, systemd 252), reached over the container's system bus socket,
 //! which the script exposes on the host. Needs root; the first run builds the rootfs (~75 s).
-//! Set `FLEXNODE_SKIP_NSPAWN=1` to skip.
+//! Fails when the tier is missing; skipped only with `FLEXNODE_SKIP_NSPAWN=1` (`tests/support/tier.rs`).
 
 mod support;
 
@@ -58,11 +58,11 @@ async fn active_state(sd: &DbusSystemd, unit: &str) -> Option<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    flexnode_skip = "nspawn",
+    ignore = "SKIPPED nspawn: FLEXNODE_SKIP_NSPAWN=1"
+)]
 async fn dbus_systemd_drives_a_real_system_manager() {
-    if std::env::var_os("FLEXNODE_SKIP_NSPAWN").is_some() {
-        eprintln!("FLEXNODE_SKIP_NSPAWN set: skipped");
-        return;
-    }
     let c = Container::up(&format!("fxsd-{}", std::process::id()));
     eprintln!(
         "container {} booted in {} ms; bus {}",
@@ -276,12 +276,7 @@ async fn dbus_systemd_drives_a_real_system_manager() {
         service.trim_end_matches(".service")
     );
     assert_eq!(active_state(&sd, &timer).await.as_deref(), Some("active"));
-    // Not before the delay.
-    tokio::time::sleep(Duration::from_millis(delay_ms / 2)).await;
-    assert_eq!(
-        sd.active_since(SLEEPER).await.expect("active_since"),
-        Some(t3)
-    );
+    // Not before the delay: judged by when it restarted (below), not at a fixed moment.
     let t4 = wait_for(Duration::from_secs(10), || async {
         sd.active_since(SLEEPER)
             .await
@@ -296,7 +291,6 @@ async fn dbus_systemd_drives_a_real_system_manager() {
         fired_after >= i64::try_from(delay_ms).expect("small") - 5,
         "restarted too early: {fired_after} ms"
     );
-    assert!(fired_after <= 2000, "restarted too late: {fired_after} ms");
     // Both transient units are collected once done.
     let gone = wait_for(Duration::from_secs(5), || async {
         let left = sd
@@ -326,57 +320,46 @@ async fn dbus_systemd_drives_a_real_system_manager() {
     );
     sd.stop(SLEEPER).await.expect("stop");
 
-    // --- machine_status on a unit named like the nspawn machine unit.
-    let side = Side::Kube1;
-    let unit = machine_unit(side);
-    assert_eq!(unit, "systemd-nspawn@kube1.service");
-    let status = sd.machine_status(side).await.expect("machine_status");
-    assert!(!status.running && status.started_at.is_none(), "{status:?}");
+    // --- started_since sees a run that is still starting (a Type=notify unit that has not
+    // said READY=1: the agent asking about itself during its start-up), active_since not.
+    let starting = "fx-starting.service";
     sd.write_unit(
-        &unit,
-        "[Unit]\nDescription=fake machine kube1\n\n[Service]\nExecStart=/bin/sleep infinity\n",
+        starting,
+        "[Unit]\nDescription=never ready\n\n[Service]\nType=notify\nTimeoutStartSec=infinity\n\
+         ExecStart=/bin/sleep infinity\n",
     )
     .await
-    .expect("write machine unit");
-    sd.daemon_reload().await.expect("daemon_reload");
+    .expect("write");
+    sd.daemon_reload().await.expect("reload");
     let before = now();
-    sd.start(&unit).await.expect("start machine");
-    let status = sd.machine_status(side).await.expect("machine_status");
-    assert!(status.running, "{status:?}");
-    let m1 = status.started_at.expect("started_at");
+    sd.start_no_wait(starting).await.expect("start_no_wait");
+    let started = wait_for(Duration::from_secs(10), || async {
+        sd.started_since(starting).await.expect("started_since")
+    })
+    .await
+    .expect("started_since while activating");
     assert!(
-        m1.millis() >= before.millis() - 5,
-        "{m1:?} before {before:?}"
+        started.millis() >= before.millis() - 5,
+        "{started:?} < {before:?}"
     );
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    sd.restart(&unit).await.expect("restart machine");
-    let m2 = sd
-        .machine_status(side)
-        .await
-        .expect("machine_status")
-        .started_at
-        .expect("started_at");
-    assert!(m2 > m1, "{m1:?} -> {m2:?}");
-    assert!(
-        !sd.machine_status(Side::Kube2).await.expect("kube2").running,
-        "kube2 is not running"
+    assert_eq!(
+        active_state(&sd, starting).await.as_deref(),
+        Some("activating")
     );
-    sd.stop(&unit).await.expect("stop machine");
-    let status = sd.machine_status(side).await.expect("machine_status");
-    assert!(!status.running && status.started_at.is_none(), "{status:?}");
+    assert_eq!(sd.active_since(starting).await.expect("active_since"), None);
+    sd.stop(starting).await.expect("stop");
+    assert_eq!(
+        sd.started_since(starting).await.expect("started_since"),
+        None
+    );
+
+    // machine_status of a real (nested) nspawn machine: the effects contract and
+    // `machined_reports_and_terminates_a_nested_nspawn_machine` below.
 
     eprintln!(
         "summary: boot {} ms, restart round trip {restart_ms:.1} ms, timer {delay_ms} ms fired after {fired_after} ms",
         c.boot_ms
     );
-}
-
-fn skip_nspawn() -> bool {
-    let skip = std::env::var_os("FLEXNODE_SKIP_NSPAWN").is_some();
-    if skip {
-        eprintln!("FLEXNODE_SKIP_NSPAWN set: skipped");
-    }
-    skip
 }
 
 /// Whether `pid` is a live process on the host.
@@ -393,21 +376,14 @@ fn alive(pid: u32) -> bool {
             .unwrap_or(false)
 }
 
-/// The unit of the nested machine: a non-booted `systemd-nspawn` (PID 1 `sleep`) on a
-/// throwaway tmpfs root whose /usr is the container's own rootfs (bound at
-/// `/var/lib/machines/.base` by `e2e/nspawn/run`), registered with the container's machined.
-const NESTED_MACHINE_UNIT: &str = "[Unit]\nDescription=flexnode test machine %i\n\n[Service]\n\
-    Type=notify\nKillMode=mixed\nDelegate=yes\n\
-    ExecStart=/usr/bin/systemd-nspawn --quiet --keep-unit --register=yes --machine=%i \
-    --directory=/var/lib/machines/.base --volatile=yes /usr/bin/sleep infinity\n";
-
 /// machine1 against the container's machined, with a machine `kube1` that really runs: a
 /// systemd-nspawn nested in the nspawn container, started as `systemd-nspawn@kube1.service`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    flexnode_skip = "nspawn",
+    ignore = "SKIPPED nspawn: FLEXNODE_SKIP_NSPAWN=1"
+)]
 async fn machined_reports_and_terminates_a_nested_nspawn_machine() {
-    if skip_nspawn() {
-        return;
-    }
     let t0 = Instant::now();
     let c = Container::up(&format!("fxmd-{}", std::process::id()));
     let sd = DbusSystemd::at_address(&c.bus)
@@ -430,7 +406,7 @@ async fn machined_reports_and_terminates_a_nested_nspawn_machine() {
     failed_message(sd.machine("../kube1").await.map(drop));
 
     // Start the machine unit: nspawn registers kube1 with machined.
-    sd.write_unit(&unit, NESTED_MACHINE_UNIT)
+    sd.write_unit(&unit, support::nspawn::NESTED_MACHINE_UNIT)
         .await
         .expect("write machine unit");
     sd.daemon_reload().await.expect("daemon_reload");
@@ -527,10 +503,11 @@ async fn machined_reports_and_terminates_a_nested_nspawn_machine() {
 /// so the reboot shows as the nspawn process exiting, the old leader gone, and the bus
 /// connection dead. `down` (on drop) then only removes the state.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    flexnode_skip = "nspawn",
+    ignore = "SKIPPED nspawn: FLEXNODE_SKIP_NSPAWN=1"
+)]
 async fn reboot_takes_the_container_system_down() {
-    if skip_nspawn() {
-        return;
-    }
     let c = Container::up(&format!("fxrb-{}", std::process::id()));
     let sd = DbusSystemd::at_address(&c.bus).await.expect("connect");
     let nspawn: u32 = c.run(&["pid", &c.name]).parse().expect("nspawn pid");
@@ -568,63 +545,5 @@ async fn reboot_takes_the_container_system_down() {
     assert!(
         !matches!(call, Ok(Ok(_))),
         "the old bus connection still answers after the reboot"
-    );
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
-/// Benchmark (not a timed test): `cargo test --release --test systemd_effects -- --ignored
-/// --nocapture measure`. Prints medians; docs/benchmarks.md records them.
-#[tokio::test]
-#[ignore = "benchmark: run explicitly"]
-async fn measure() {
-    let c = Container::up(&format!("fxbench-{}", std::process::id()));
-    let sd = DbusSystemd::at_address(&c.bus)
-        .await
-        .expect("connect")
-        .with_unit_dir(&c.units)
-        .with_job_timeout(Duration::from_secs(30));
-    sd.write_unit(
-        SLEEPER,
-        "[Unit]\nDescription=bench\nStartLimitIntervalSec=0\n\n[Service]\nExecStart=/bin/sleep infinity\n",
-    )
-    .await
-    .expect("write");
-    sd.daemon_reload().await.expect("reload");
-    sd.start(SLEEPER).await.expect("start");
-    let mut restarts = Vec::new();
-    for _ in 0..21 {
-        let t = Instant::now();
-        sd.restart(SLEEPER).await.expect("restart");
-        restarts.push(t.elapsed().as_secs_f64() * 1000.0);
-    }
-    let mut delays = Vec::new();
-    for _ in 0..5 {
-        let before = sd
-            .active_since(SLEEPER)
-            .await
-            .expect("since")
-            .expect("active");
-        let scheduled = now();
-        sd.schedule_restart(SLEEPER, 1000).await.expect("schedule");
-        let after = wait_for(Duration::from_secs(10), || async {
-            sd.active_since(SLEEPER)
-                .await
-                .expect("since")
-                .filter(|t| *t > before)
-        })
-        .await
-        .expect("restarted");
-        delays.push((after.millis() - scheduled.millis()) as f64);
-    }
-    eprintln!(
-        "container boot {} ms; restart round trip median {:.1} ms (21 runs); \
-         transient-timer restart (1000 ms) scheduled -> active median {:.0} ms (5 runs)",
-        c.boot_ms,
-        median(restarts),
-        median(delays)
     );
 }

@@ -4,17 +4,20 @@
   suite.py --lab DIR [--only a,b,...] [--list]
 
 DIR is a lab `e2e/run` brought up without the join (its `state` file names the guest, the node,
-the control plane, the artifact server and the binaries). Each named check prints
-`PASS name (12.3 s)` or `FAIL name (12.3 s): reason`; the run ends with `N passed, M failed in
-T s` and exits 1 if any check failed. Checks assert what the node and the API really show:
-MachineOperation phase/reason/message/completedAt (kubectl with the admin kubeconfig, plus a
-watch recording every state each operation went through), the guest's links, units,
-processes, journal, `flexnode status -o json`, the nspawn machine kube1, boot_id.
+the control plane, the artifact server, the binaries and their versions). Each named check
+prints `PASS name (12.3 s)` or `FAIL name (12.3 s): reason`; the run ends with `N passed, M
+failed, K not run (names) in T s` and exits 1 if any check failed. Checks assert what the node
+and the API really show: MachineOperation phase/reason/message/completedAt (kubectl with the
+admin kubeconfig, plus a watch of the API that resumes from its last resourceVersion and so
+records every state each operation went through), Events, the guest's links, units,
+processes, journal, `flexnode status -o json`, the nspawn machine kube1, boot_id. Every guest
+script runs under `set -e`: each command's exit status counts. Negative checks ("nothing
+happened") first wait for the daemon's own account that it has seen and decided (its
+`operations listed` journal line, a Pending phase), never a fixed sleep.
 Python 3 stdlib only.
 """
 
 import argparse
-import calendar
 import json
 import os
 import re
@@ -23,336 +26,11 @@ import shlex
 import signal
 import subprocess
 import sys
-import threading
 import time
 
-TERMINAL = ("Complete", "Failed")
-TERMINAL_REASONS = ("Succeeded", "InvalidParameters", "ExecutionFailed", "DaemonFailed",
-                    "UnsupportedOperation")
-SLOT_RE = re.compile(r"^/opt/flexnode/lib/flexnode-(blue|green)$")
-
-
-def slot_path(link):
-    """The absolute slot directory a link under /opt/flexnode names ('' for none)."""
-    if not link:
-        return ""
-    return os.path.normpath(os.path.join("/opt/flexnode", link))
-MSG_UPGRADE_DONE = "AgentUpgrade completed"
-MSG_REBOOT_DONE = "NodeReboot completed"
-MSG_RESET_DONE = "AgentReset completed"
-
-
-class Fail(Exception):
-    pass
-
-
-def need(cond, msg):
-    if not cond:
-        raise Fail(msg)
-
-
-def detail(msg):
-    print("    " + msg, flush=True)
-
-
-def wait_until(desc, fn, timeout, interval=2.0):
-    """Calls fn until it returns a truthy value; Fail after timeout (with the last value)."""
-    deadline = time.time() + timeout
-    last = None
-    while True:
-        try:
-            v = fn()
-        except Fail as e:
-            last = str(e)
-        except subprocess.TimeoutExpired as e:
-            last = "timeout: %s" % e
-        else:
-            if v:
-                return v
-            last = repr(v)
-        if time.time() > deadline:
-            raise Fail("timed out after %ds waiting for %s (last: %s)" % (timeout, desc, last))
-        time.sleep(interval)
-
-
-def parse_time(s):
-    """RFC 3339 (as the API writes metav1.Time) -> unix seconds."""
-    if not s:
-        return None
-    s = s.rstrip("Z").split(".")[0].split("+")[0]
-    return calendar.timegm(time.strptime(s, "%Y-%m-%dT%H:%M:%S"))
-
-
-# ------------------------------------------------------------------------------------ the lab
-
-class Lab:
-    def __init__(self, d):
-        self.dir = d
-        st = {}
-        with open(os.path.join(d, "state")) as fh:
-            for line in fh:
-                k, _, v = line.rstrip("\n").partition("=")
-                st[k] = v
-        self.st = st
-        self.node = st["NODE"]
-        self.guest = st["GUEST"]
-        self.kubectl_bin = st["KUBECTL"]
-        self.kubeconfig = st["KUBECONFIG"]
-        self.flexnode = st["FLEXNODE_BIN"]
-        self.art = st["GUEST_ART"]
-        self.sha_good = st["SHA_GOOD"]
-        self.sha_broken = st["SHA_BROKEN"]
-        self.repo = st["REPO"]
-        self.qemu_run = os.path.join(self.repo, "e2e/qemu/run")
-        self.art_log = os.path.join(d, "logs/artifacts.log")
-        self.ctl = os.path.join(d, "ssh-master")
-        self.master = None
-        self.ssh_opts = [
-            "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-            "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-            "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=4",
-            "-o", "ControlPath=" + self.ctl, "-i", st["KEY"], "-p", st["SSH_PORT"]]
-
-    # -- guest access
-    def _master_up(self):
-        if self.master is not None and self.master.poll() is None:
-            return
-        self.master = subprocess.Popen(
-            ["ssh", *self.ssh_opts, "-o", "ControlMaster=yes", "-o", "ControlPersist=no", "-N",
-             "root@127.0.0.1"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL)
-        for _ in range(60):
-            if os.path.exists(self.ctl):
-                return
-            if self.master.poll() is not None:
-                return  # guest not reachable now; clients connect directly (and fail or not)
-            time.sleep(0.25)
-
-    def drop_ssh(self):
-        """Ends our ssh control master (before a power cut or reboot: it would hang on a dead peer)."""
-        if self.master is not None and self.master.poll() is None:
-            self.master.terminate()
-            try:
-                self.master.wait(5)
-            except subprocess.TimeoutExpired:
-                self.master.kill()
-                self.master.wait()
-        self.master = None
-        try:
-            os.unlink(self.ctl)
-        except OSError:
-            pass
-
-    def ssh(self, script, timeout=120, inp=None):
-        """(rc, stdout, stderr) of a root shell script in the guest."""
-        self._master_up()
-        p = subprocess.run(["ssh", *self.ssh_opts, "-o", "ControlMaster=no", "root@127.0.0.1", script],
-                           input=inp, capture_output=True, text=True, timeout=timeout)
-        return p.returncode, p.stdout, p.stderr
-
-    def sh(self, script, timeout=120, inp=None):
-        rc, out, err = self.ssh(script, timeout, inp)
-        if rc != 0:
-            raise Fail("guest command failed (rc %d): %s: %s" % (rc, script[:120], (err or out).strip()[-400:]))
-        return out
-
-    def qemu(self, *args, timeout=600):
-        p = subprocess.run([self.qemu_run, *args], capture_output=True, text=True, timeout=timeout)
-        if p.returncode != 0:
-            raise Fail("e2e/qemu/run %s failed: %s" % (" ".join(args), (p.stderr or p.stdout).strip()[-600:]))
-        return p.stdout.strip()
-
-    # -- guest facts
-    def facts(self):
-        """One ssh round trip: links, the agent unit, kube1, boot_id."""
-        out = self.sh(r"""
-for l in current last-good bin/flexnode; do echo "link.$l=$(readlink /opt/flexnode/$l 2>/dev/null)"; done
-echo "exists.bin=$(test -e /opt/flexnode/bin/flexnode && echo yes || echo no)"
-systemctl show flexnode-agent -p ActiveState,SubState,MainPID,NRestarts,Result,ExecMainStartTimestamp,LoadState | sed 's/^/agent./'
-systemctl show systemd-nspawn@kube1 -p ActiveState,MainPID,ActiveEnterTimestampMonotonic | sed 's/^/kube1./'
-echo "machine.kube1=$(machinectl show kube1 -p Timestamp --value 2>/dev/null)"
-echo "boot_id=$(cat /proc/sys/kernel/random/boot_id)"
-pid=$(systemctl show -P MainPID flexnode-agent); [ "$pid" != 0 ] && echo "agent.exe=$(readlink /proc/$pid/exe 2>/dev/null)"
-true
-""")
-        f = {}
-        for line in out.splitlines():
-            k, _, v = line.partition("=")
-            f[k] = v
-        return f
-
-    def current(self):
-        return self.facts().get("link.current", "")
-
-    def agent_active(self, pid_not=None):
-        f = self.facts()
-        ok = f.get("agent.ActiveState") == "active" and f.get("agent.MainPID", "0") != "0"
-        if ok and pid_not is not None and f.get("agent.MainPID") == pid_not:
-            return None
-        return f if ok else None
-
-    def wait_agent(self, timeout=300, pid_not=None):
-        return wait_until("flexnode-agent active" + (" with a new MainPID" if pid_not else ""),
-                          lambda: self.agent_active(pid_not), timeout, 3)
-
-    def status_json(self):
-        return json.loads(self.sh("/opt/flexnode/bin/flexnode status -o json", 60))
-
-    def journal(self, args="", timeout=120):
-        return self.sh("journalctl --no-pager %s" % args, timeout)
-
-    # -- API
-    def kubectl(self, *args, inp=None, timeout=60):
-        p = subprocess.run([self.kubectl_bin, "--kubeconfig", self.kubeconfig, *args],
-                           input=inp, capture_output=True, text=True, timeout=timeout)
-        return p.returncode, p.stdout, p.stderr
-
-    def get_op(self, name):
-        rc, out, err = self.kubectl("get", "machineoperations", name, "-o", "json")
-        if rc != 0:
-            if "NotFound" in err or "not found" in err:
-                return None
-            raise Fail("kubectl get machineoperation %s: %s" % (name, err.strip()))
-        return json.loads(out)
-
-    def op_create(self, kind, name, url=None, sha=None):
-        args = [self.flexnode, "op", "--kubeconfig", self.kubeconfig, "create", kind,
-                "--node", self.node, "--name", name]
-        if url:
-            args += ["--url", url, "--sha256", sha]
-        p = subprocess.run(args, capture_output=True, text=True, timeout=60)
-        need(p.returncode == 0, "flexnode op create %s %s: rc %d: %s" % (kind, name, p.returncode,
-                                                                        (p.stderr or p.stdout).strip()))
-
-    def op_raw(self, name, kind, params=None):
-        """Creates the object with kubectl (no client-side validation: the AGENT must judge it)."""
-        spec = {"machineRef": self.node, "operationKind": kind}
-        if params is not None:
-            spec["parameters"] = params
-        obj = {"apiVersion": "unbounded-cloud.io/v1alpha3", "kind": "MachineOperation",
-               "metadata": {"name": name}, "spec": spec}
-        rc, out, err = self.kubectl("create", "-f", "-", inp=json.dumps(obj))
-        need(rc == 0, "kubectl create %s: %s" % (name, err.strip()))
-
-    def machine(self):
-        rc, out, err = self.kubectl("get", "machines", self.node, "-o", "json")
-        return json.loads(out) if rc == 0 else None
-
-    def events_for(self, name):
-        rc, out, err = self.kubectl("get", "events.v1.events.k8s.io", "-A", "-o", "json")
-        if rc != 0:
-            return []
-        return [e for e in json.loads(out).get("items", [])
-                if (e.get("regarding") or {}).get("name") == name
-                and (e.get("regarding") or {}).get("kind") == "MachineOperation"]
-
-    def art_log_lines(self):
-        try:
-            with open(self.art_log) as fh:
-                return fh.read().splitlines()
-        except OSError:
-            return []
-
-
-def op_view(op):
-    """(phase, reason, message, completedAt, startedAt) of an operation object."""
-    st = (op or {}).get("status") or {}
-    reason = ""
-    for c in st.get("conditions") or []:
-        if c.get("type") == "Completed":
-            reason = c.get("reason", "")
-    return (st.get("phase") or "", reason, st.get("message") or "", st.get("completedAt") or "",
-            st.get("startedAt") or "")
-
-
-# ------------------------------------------------------------------------ operation watch
-
-class OpWatch(threading.Thread):
-    """Records every state of every MachineOperation (kubectl get --watch), from the start."""
-
-    def __init__(self, lab):
-        super().__init__(daemon=True)
-        self.lab = lab
-        self.hist = {}  # name -> [(t, phase, reason, message, completedAt, startedAt, uid)]
-        self.lock = threading.Lock()
-        self.stopping = False
-        self.proc = None
-        self.restarts = 0
-
-    def run(self):
-        dec = json.JSONDecoder()
-        while not self.stopping:
-            self.proc = subprocess.Popen(
-                [self.lab.kubectl_bin, "--kubeconfig", self.lab.kubeconfig, "get", "machineoperations",
-                 "--watch", "--output-watch-events", "-o", "json"],
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-            buf = ""
-            while True:
-                chunk = self.proc.stdout.read1(65536)
-                if not chunk:
-                    break
-                buf += chunk.decode(errors="replace")
-                while True:
-                    buf = buf.lstrip()
-                    if not buf:
-                        break
-                    try:
-                        ev, end = dec.raw_decode(buf)
-                    except ValueError:
-                        break
-                    buf = buf[end:]
-                    self._record(ev)
-            self.proc.wait()
-            if not self.stopping:
-                self.restarts += 1
-                time.sleep(1)
-
-    def _record(self, ev):
-        obj = ev.get("object") or {}
-        if ev.get("type") == "DELETED":
-            return
-        name = (obj.get("metadata") or {}).get("name")
-        if not name:
-            return
-        phase, reason, msg, done, started = op_view(obj)
-        row = (time.time(), phase, reason, msg, done, started, obj["metadata"].get("uid"))
-        with self.lock:
-            h = self.hist.setdefault(name, [])
-            if not h or h[-1][1:] != row[1:]:
-                h.append(row)
-
-    def stop(self):
-        self.stopping = True
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-
-    def history(self, name):
-        with self.lock:
-            return list(self.hist.get(name, []))
-
-    def names(self):
-        with self.lock:
-            return list(self.hist)
-
-    def violations(self, name):
-        """Ways `name` had more than one terminal result or left a terminal phase."""
-        h = self.history(name)
-        bad = []
-        first = None
-        for row in h:
-            _, phase, reason, msg, done, _, uid = row
-            if first is None:
-                if phase in TERMINAL:
-                    first = row
-                continue
-            if uid != first[6]:
-                continue
-            if phase not in TERMINAL:
-                bad.append("went back to %r after %s/%s" % (phase or "(none)", first[1], first[2]))
-            elif (phase, reason, done) != (first[1], first[2], first[4]):
-                bad.append("second terminal result %s/%s at %s after %s/%s at %s"
-                           % (phase, reason, done, first[1], first[2], first[4]))
-        return bad
+from lab import (MSG_REBOOT_DONE, MSG_RESET_DONE, MSG_UPGRADE_DONE, SLOT_RE, TERMINAL,
+                 TERMINAL_REASONS, Fail, Lab, OpWatch, detail, need, op_view, parse_time,
+                 slot_path, wait_until)
 
 
 # ----------------------------------------------------------------------------- the checks
@@ -408,14 +86,25 @@ class Suite:
     def need_joined(self):
         need(self.joined and self.lab.agent_active(), "needs a joined node (flexnode-agent is not active)")
 
+    def terminal_events(self, name):
+        ev = [e for e in self.lab.events_for(name) if e.get("reason") in TERMINAL_REASONS]
+        return sum(max(1, ((e.get("series") or {}).get("count") or 1)) for e in ev), ev
+
     def one_result(self, name):
-        # give the watch a moment to see the latest writes
-        time.sleep(3)
+        """Exactly one terminal result for `name`, in the watch and in Events. First waits until
+        the watch has seen the object as the API server has it now (its resourceVersion)."""
+        op = self.lab.get_op(name)
+        need(op, "%s does not exist" % name)
+        rv = int(op["metadata"]["resourceVersion"])
+        wait_until("the watch to see %s at resourceVersion %d" % (name, rv),
+                   lambda: self.watch.caught_up(name, rv), 60, 0.5)
         bad = self.watch.violations(name)
         need(not bad, "%s: %s" % (name, "; ".join(bad)))
-        ev = [e for e in self.lab.events_for(name) if e.get("reason") in TERMINAL_REASONS]
-        n = sum(max(1, ((e.get("series") or {}).get("count") or 1)) for e in ev)
-        need(n <= 1, "%s: %d terminal Events (%s)" % (name, n, [e.get("reason") for e in ev]))
+        n, ev = self.terminal_events(name)
+        if op_view(op)[0] in TERMINAL:
+            need(n == 1, "%s: %d terminal Events (%s)" % (name, n, [e.get("reason") for e in ev]))
+        else:
+            need(n == 0, "%s is %r but has terminal Events %s" % (name, op_view(op)[0], [e.get("reason") for e in ev]))
         phases = [r[1] or "-" for r in self.watch.history(name)]
         detail("%s went through: %s; terminal Events: %d" % (name, " -> ".join(phases), n))
 
@@ -436,6 +125,7 @@ class Suite:
         self.lab.qemu("poweroff", self.lab.guest, timeout=60)
         detail("power cut (QMP quit) at +0 s; cold boot ...")
         self.lab.qemu("boot", self.lab.guest, timeout=600)
+        self.lab.refresh_port()
         detail("guest back (ssh) after %.0f s" % (time.time() - t))
 
     def measure_upgrade(self, name, since):
@@ -470,30 +160,45 @@ class Suite:
                                              (staged - claim) * 1e3, (ready - staged) * 1e3),
               flush=True)
 
-    def upgrade_ok(self, name):
+    def archive(self, which):
+        """(file name, sha256, version) of the lab's archive `which`: next or base."""
+        return {"next": ("flexnode-good.tar.gz", self.lab.sha_good, self.lab.ver_next),
+                "base": ("flexnode-base.tar.gz", self.lab.sha_base, self.lab.ver_base)}[which]
+
+    def upgrade_ok(self, name, which):
+        """An AgentUpgrade to the archive `which` hands off to a new daemon of that version."""
+        lab = self.lab
+        archive, sha, want = self.archive(which)
         since = int(time.time()) - 2
-        before = self.lab.facts()
+        before = lab.facts()
         cur0, pid0 = before.get("link.current", ""), before.get("agent.MainPID")
         self.slot_ok(cur0)
-        self.create("upgrade", name, url=self.url("flexnode-good.tar.gz"), sha=self.lab.sha_good)
+        ver0 = lab.version()
+        need(ver0 != "flexnode " + want, "already at %s: the upgrade would change nothing" % want)
+        self.create("upgrade", name, url=self.url(archive), sha=sha)
         v = self.expect(name, "Complete", "Succeeded", 600, MSG_UPGRADE_DONE)
-        f = self.lab.wait_agent(120)
+        f = lab.wait_agent(120)
         cur = f.get("link.current", "")
         self.slot_ok(cur)
         need(slot_path(cur) != slot_path(cur0), "current still %s after the upgrade" % cur)
+        need(slot_path(f.get("link.last-good")) == slot_path(cur0),
+             "last-good is %r, not the slot the upgrade left (%s)" % (f.get("link.last-good"), cur0))
         need(f.get("agent.MainPID") != pid0, "the agent's MainPID %s did not change" % pid0)
         self.agent_runs_current(f)
-        need(f.get("link.last-good"), "no /opt/flexnode/last-good after an upgrade")
+        ver = lab.version()
+        need(ver == "flexnode " + want, "current runs %r, not version %s" % (ver, want))
+        need(lab.version("/proc/%s/exe" % f.get("agent.MainPID")) == ver,
+             "the running daemon is not the build in current")
         # the result was published by the new daemon: after it started
-        rc, out, _ = self.lab.ssh("date -d \"$(systemctl show -P ExecMainStartTimestamp flexnode-agent)\" +%s")
-        if rc == 0 and out.strip().isdigit():
-            need(parse_time(v[3]) >= int(out.strip()) - 1,
-                 "completedAt %s is before the new daemon started (%s)" % (v[3], out.strip()))
-        st = self.lab.status_json()
+        started = lab.sh("date -d \"$(systemctl show -P ExecMainStartTimestamp flexnode-agent)\" +%s").strip()
+        need(started.isdigit(), "no start time of the agent: %r" % started)
+        need(parse_time(v[3]) >= int(started) - 1,
+             "completedAt %s is before the new daemon started (%s)" % (v[3], started))
+        st = lab.status_json()
         lr = st.get("lastResult") or {}
         need(lr.get("operation") == name and lr.get("reason") == "Succeeded",
              "flexnode status lastResult: %s" % lr)
-        detail("current %s -> %s, agent pid %s -> %s" % (cur0, cur, pid0, f.get("agent.MainPID")))
+        detail("current %s -> %s, agent pid %s -> %s, %s -> %s" % (cur0, cur, pid0, f.get("agent.MainPID"), ver0, ver))
         self.one_result(name)
         self.measure_upgrade(name, since)
 
@@ -509,9 +214,12 @@ class Suite:
         self.agent_runs_current(f)
         need(f.get("exists.bin") == "yes", "no /opt/flexnode/bin/flexnode")
         lab.sh("for u in flexnode-agent flexnode-agent-recovery flexnode-bootstrap flexnode-reset; do "
-               "test -f /etc/systemd/system/$u.service || { echo missing $u >&2; exit 1; }; done; "
-               "test -f /var/lib/flexnode/state.db; test -s /etc/flexnode/kubeconfig; "
-               "/opt/flexnode/bin/flexnode version")
+               "test -f /etc/systemd/system/$u.service || { echo missing $u >&2; exit 1; }; done\n"
+               "test -f /var/lib/flexnode/state.db\n"
+               "test -s /etc/flexnode/kubeconfig\n"
+               "test \"$(stat -c %a /etc/flexnode/kubeconfig /etc/flexnode/config.yaml | sort -u)\" = 600")
+        need(lab.version("/opt/flexnode/bin/flexnode") == "flexnode " + lab.ver_base,
+             "the installed flexnode is %r, not the joining build %s" % (lab.version("/opt/flexnode/bin/flexnode"), lab.ver_base))
         need(f.get("kube1.ActiveState") == "active", "systemd-nspawn@kube1 is %s" % f.get("kube1.ActiveState"))
         self.joined = True
 
@@ -548,8 +256,14 @@ class Suite:
             need(node.get("installMode") == "host", "status node.installMode %r" % node.get("installMode"))
             human = lab.sh("/opt/flexnode/bin/flexnode status")
             need(lab.node in human, "human status does not name the node:\n" + human)
-            lab.sh("/opt/flexnode/bin/flexnode history --limit 5")
-            detail("phase %s, agent %s" % (st.get("phase"), node.get("agent")))
+            hist = json.loads(lab.sh("/opt/flexnode/bin/flexnode history -o json --limit 1000"))
+            need(isinstance(hist, list) and hist, "flexnode history -o json is empty: %r" % hist)
+            need(any("Join(%s host)" % lab.node in (e.get("input") or "") for e in hist),
+                 "the journal has no Join(%s host) transition: %s" % (lab.node, [e.get("input") for e in hist][:8]))
+            text = lab.sh("/opt/flexnode/bin/flexnode history --limit 2")
+            rows = text.strip().splitlines()
+            need(len(rows) == 2 and all(r.startswith("#") for r in rows), "history --limit 2 printed:\n" + text)
+            detail("phase %s, agent %s, %d journal entries" % (st.get("phase"), node.get("agent"), len(hist)))
         finally:
             lab.sh("systemctl start flexnode-agent", 300)
         lab.wait_agent(120)
@@ -559,14 +273,15 @@ class Suite:
         lab = self.lab
         b = lab.facts()
         need(b.get("kube1.ActiveState") == "active", "kube1 is %s before the reboot" % b.get("kube1.ActiveState"))
+        need(b.get("machine.kube1"), "machined does not know kube1 before the reboot")
         self.create("reboot", "e2e-reboot")
         self.expect("e2e-reboot", "Complete", "Succeeded", 600, MSG_REBOOT_DONE)
         a = wait_until("kube1 active again", lambda: (lambda f: f if f.get("kube1.ActiveState") == "active" else None)(lab.facts()), 180, 3)
         restarted = (a.get("kube1.MainPID") != b.get("kube1.MainPID")
                      or int(a.get("kube1.ActiveEnterTimestampMonotonic") or 0) > int(b.get("kube1.ActiveEnterTimestampMonotonic") or 0))
         need(restarted, "kube1 was not restarted (MainPID %s, entered %s)" % (a.get("kube1.MainPID"), a.get("kube1.ActiveEnterTimestampMonotonic")))
-        need(a.get("machine.kube1") != b.get("machine.kube1") or not b.get("machine.kube1"),
-             "machinectl kube1 Timestamp unchanged (%s)" % a.get("machine.kube1"))
+        need(a.get("machine.kube1") and a.get("machine.kube1") != b.get("machine.kube1"),
+             "machinectl kube1 Timestamp %r -> %r: not a new machine" % (b.get("machine.kube1"), a.get("machine.kube1")))
         need(a.get("boot_id") == b.get("boot_id"), "the guest itself rebooted (boot_id changed)")
         detail("kube1 pid %s -> %s, machine started %s -> %s" % (b.get("kube1.MainPID"), a.get("kube1.MainPID"),
                                                                b.get("machine.kube1"), a.get("machine.kube1")))
@@ -574,7 +289,7 @@ class Suite:
 
     def c_upgrade(self):
         self.need_joined()
-        self.upgrade_ok("e2e-upgrade")
+        self.upgrade_ok("e2e-upgrade", "next")
 
     def c_rollback(self):
         self.need_joined()
@@ -582,6 +297,9 @@ class Suite:
         b = lab.facts()
         cur0 = b.get("link.current", "")
         self.slot_ok(cur0)
+        ver0 = lab.version()
+        rec0 = int(lab.sh("systemctl show -P ExecMainStartTimestampMonotonic flexnode-agent-recovery").strip() or 0)
+        cursor = lab.cursor()
         t0 = time.time()
         self.create("upgrade", "e2e-broken", url=self.url("flexnode-broken.tar.gz"), sha=lab.sha_broken)
         self.expect("e2e-broken", "Failed", "DaemonFailed", 420)
@@ -590,28 +308,34 @@ class Suite:
         need(slot_path(f.get("link.current")) == slot_path(cur0),
              "current %s after the rollback, was %s" % (f.get("link.current"), cur0))
         self.agent_runs_current(f)
-        ver = lab.sh("/opt/flexnode/current/flexnode version").strip()
-        need("broken" not in ver, "current runs the broken build: %s" % ver)
-        j = lab.journal("-u flexnode-agent -o cat --since '-15min'")
-        need("broken on purpose" in j, "the journal shows no crash of the broken candidate (was it started?)")
-        rec = lab.sh("systemctl show -P ExecMainStartTimestampMonotonic flexnode-agent-recovery").strip()
-        need(rec not in ("", "0"), "flexnode-agent-recovery.service never ran")
+        ver = lab.version()
+        need(ver == ver0, "current runs %r after the rollback, was %r" % (ver, ver0))
+        j = lab.journal_after(cursor, "-u flexnode-agent -o cat")
+        need("broken on purpose" in j, "the journal shows no crash of the broken candidate during this operation")
+        rec = int(lab.sh("systemctl show -P ExecMainStartTimestampMonotonic flexnode-agent-recovery").strip() or 0)
+        need(rec > rec0, "flexnode-agent-recovery.service did not run during this operation (started at %d, before %d)" % (rec, rec0))
+        rj = lab.journal_after(cursor, "-u flexnode-agent-recovery -o cat")
+        need(rj.strip(), "the recovery unit logged nothing during this operation")
         lr = lab.status_json().get("lastResult") or {}
         need(lr.get("operation") == "e2e-broken" and lr.get("reason") == "DaemonFailed", "status lastResult %s" % lr)
         self.one_result("e2e-broken")
 
-    def _rejected(self, name, params, reasons, secret=None):
+    def _rejected(self, name, params, reason, secret=None):
         lab = self.lab
         b = lab.facts()
+        ver0 = lab.version()
+        cursor = lab.cursor()
         self.create_raw(name, "AgentUpgrade", params)
         v = self.terminal(name, 300)
-        need(v[0] == "Failed" and v[1] in reasons, "%s ended %s/%s (%r), expected Failed/%s"
-             % (name, v[0], v[1], v[2], "|".join(reasons)))
+        need((v[0], v[1]) == ("Failed", reason), "%s ended %s/%s (%r), expected Failed/%s"
+             % (name, v[0], v[1], v[2], reason))
         if secret:
             op = lab.get_op(name)
             need(secret not in json.dumps(op.get("status") or {}), "the secret is in %s's status: %r" % (name, v[2]))
             notes = " ".join((e.get("note") or "") for e in lab.events_for(name))
             need(secret not in notes, "the secret is in %s's Events" % name)
+            need(secret not in lab.journal_after(cursor, "-o json", 300), "the secret is in the guest journal")
+        need(lab.version() == ver0, "current now runs %r, was %r" % (lab.version(), ver0))
         a = lab.facts()
         need(a.get("link.current") == b.get("link.current"), "current moved: %s -> %s" % (b.get("link.current"), a.get("link.current")))
         need(a.get("agent.MainPID") == b.get("agent.MainPID"), "the agent restarted (%s -> %s)" % (b.get("agent.MainPID"), a.get("agent.MainPID")))
@@ -620,28 +344,35 @@ class Suite:
 
     def c_invalid_no_digest(self):
         self.need_joined()
-        self._rejected("e2e-no-digest", {"downloadURL": self.url("flexnode-good.tar.gz")}, ("InvalidParameters",))
+        n0 = len(self.lab.art_log_lines())
+        self._rejected("e2e-no-digest", {"downloadURL": self.url("flexnode-good.tar.gz")}, "InvalidParameters")
+        need(not self.lab.art_log_lines()[n0:], "the agent downloaded something for an operation without a digest")
 
     def c_invalid_wrong_digest(self):
+        """A malformed digest is InvalidParameters (refused before anything runs); a well-formed
+        digest that is not the archive's is ExecutionFailed: the parameters were valid, running
+        them found the mismatch (docs/design.md)."""
         self.need_joined()
-        # malformed: not 64 hex digits
+        n0 = len(self.lab.art_log_lines())
         self._rejected("e2e-bad-digest", {"downloadURL": self.url("flexnode-good.tar.gz"), "sha256": "12345xyz"},
-                       ("InvalidParameters",))
+                       "InvalidParameters")
+        need(not self.lab.art_log_lines()[n0:], "the agent downloaded the archive for a malformed digest")
         # well-formed but not the archive's: downloaded, refused before anything switches; the
         # URL carries a SAS-like query token that must never be shown
         n0 = len(self.lab.art_log_lines())
-        self._rejected("e2e-wrong-digest",
-                       {"downloadURL": self.url("flexnode-good.tar.gz") + "?sig=" + self.secret_q,
-                        "sha256": self.lab.sha_broken},
-                       ("ExecutionFailed", "InvalidParameters"), secret=self.secret_q)
-        got = [l for l in self.lab.art_log_lines()[n0:] if "/flexnode-good.tar.gz start" in l]
-        detail("archive requests during the wrong-digest op: %d" % len(got))
+        v = self._rejected("e2e-wrong-digest",
+                           {"downloadURL": self.url("flexnode-good.tar.gz") + "?sig=" + self.secret_q,
+                            "sha256": self.lab.sha_broken},
+                           "ExecutionFailed", secret=self.secret_q)
+        got = [l for l in self.lab.art_log_lines()[n0:] if " /flexnode-good.tar.gz start " in l]
+        need(len(got) == 1, "the archive was requested %d times during the wrong-digest operation" % len(got))
+        need("sha256" in v[2], "the message does not say the digest did not match: %r" % v[2])
 
     def c_invalid_url_credentials(self):
         self.need_joined()
         url = "http://e2e-user:%s@%s/flexnode-good.tar.gz" % (self.secret_pw, self.lab.art)
         self._rejected("e2e-url-credentials", {"downloadURL": url, "sha256": self.lab.sha_good},
-                       ("InvalidParameters",), secret=self.secret_pw)
+                       "InvalidParameters", secret=self.secret_pw)
         # nowhere on the node either
         j = self.lab.journal("-o json", 300)
         st = self.lab.sh("/opt/flexnode/bin/flexnode status -o json; /opt/flexnode/bin/flexnode history -o json --limit 500")
@@ -651,55 +382,61 @@ class Suite:
 
     def c_upgrade_back(self):
         self.need_joined()
-        self.upgrade_ok("e2e-upgrade-back")
+        self.upgrade_ok("e2e-upgrade-back", "base")
 
     def c_concurrent(self):
+        """A second upgrade while one runs waits (Pending, with a Waiting Event) and runs after
+        the first is judged: never both at once (the anchor refuses and requeues it)."""
         self.need_joined()
         lab = self.lab
         a, b = "e2e-concurrent-a", "e2e-concurrent-b"
         self.create("upgrade", a, url=self.url("flexnode-good.tar.gz", slow=True), sha=lab.sha_good)
         self.wait_phase(a, ("InProgress",) + TERMINAL, 120)
         need(op_view(lab.get_op(a))[0] == "InProgress", "%s finished before the second upgrade could be created" % a)
-        self.create("upgrade", b, url=self.url("flexnode-good.tar.gz"), sha=lab.sha_good)
+        self.create("upgrade", b, url=self.url("flexnode-base.tar.gz"), sha=lab.sha_base)
+        # the daemon saw b and decided it waits: it marks it Pending while a still runs
+        self.wait_phase(b, ("Pending", "InProgress") + TERMINAL, 120)
+        need(op_view(lab.get_op(b))[0] == "Pending", "%s is %r, not Pending, while %s runs" % (b, op_view(lab.get_op(b))[0], a))
         need(op_view(lab.get_op(a))[0] == "InProgress",
-             "%s finished before %s was seen: no overlap to test (slow download too fast?)" % (a, b))
-        vb0 = op_view(lab.get_op(b))
-        need(vb0[0] in ("", "Pending"), "%s is %s while %s is InProgress" % (b, vb0[0], a))
+             "%s finished before %s was Pending: no overlap to test (slow download too fast?)" % (a, b))
+        waiting = [e for e in lab.events_for(b) if e.get("reason") == "Waiting"]
+        need(len(waiting) == 1, "%s has %d Waiting Events" % (b, len(waiting)))
         va = self.terminal(a, 900)
         need(va[:2] == ("Complete", "Succeeded"), "%s ended %s/%s (%r)" % (a, va[0], va[1], va[2]))
         vb = self.terminal(b, 900)
+        need(vb[:3] == ("Complete", "Succeeded", MSG_UPGRADE_DONE), "%s ended %s/%s (%r)" % (b, vb[0], vb[1], vb[2]))
         # never both running: b was InProgress only after a had finished
         ha, hb = self.watch.history(a), self.watch.history(b)
         a_done = min((r[0] for r in ha if r[1] in TERMINAL), default=None)
         b_prog = [r[0] for r in hb if r[1] == "InProgress"]
         need(a_done is not None, "the watch never saw %s finish" % a)
-        need(all(t >= a_done for t in b_prog), "%s was InProgress while %s ran" % (b, a))
-        if vb[4]:
-            need(parse_time(vb[4]) >= parse_time(va[3]) - 1,
-                 "%s started at %s, before %s completed at %s" % (b, vb[4], a, va[3]))
-        detail("second upgrade: %s/%s %r (started %s, first completed %s)" % (vb[0], vb[1], vb[2], vb[4] or "-", va[3]))
+        need(b_prog and all(t >= a_done for t in b_prog), "%s was InProgress while %s ran (or never)" % (b, a))
+        need(parse_time(vb[4]) >= parse_time(va[3]) - 1,
+             "%s started at %s, before %s completed at %s" % (b, vb[4], a, va[3]))
+        need(lab.version() == "flexnode " + lab.ver_base, "after both, current runs %r, not %s's %s" % (lab.version(), b, lab.ver_base))
+        detail("second upgrade: %s/%s %r (started %s, first completed %s)" % (vb[0], vb[1], vb[2], vb[4], va[3]))
         self.agent_runs_current()
         self.one_result(a)
         self.one_result(b)
 
-    def _converged_after_cut(self, name, cur0):
+    def _converged_after_cut(self, name, cur0, want):
+        """An upgrade cut by a power loss resumes after the cold boot and completes: exactly one
+        result, Complete/Succeeded, the link and the running daemon on version `want`."""
         lab = self.lab
-        f = lab.wait_agent(420)
+        lab.wait_agent(420)
         v = self.terminal(name, 900)
+        need(v[:3] == ("Complete", "Succeeded", MSG_UPGRADE_DONE),
+             "after the cut %s ended %s/%s (%r), expected Complete/Succeeded" % (name, v[0], v[1], v[2]))
         f = lab.wait_agent(300)
         cur = slot_path(f.get("link.current", ""))
         self.slot_ok(cur)
-        if v[0] == "Complete":
-            need(v[1] == "Succeeded", "Complete with reason %s" % v[1])
-            need(cur != slot_path(cur0), "Complete but current is still the old slot %s" % cur)
-        else:
-            need(cur == slot_path(cur0), "Failed (%s) but current moved %s -> %s" % (v[1], cur0, cur))
+        need(cur != slot_path(cur0), "Complete but current is still the old slot %s" % cur)
+        need(lab.version() == "flexnode " + want, "current runs %r, not %s" % (lab.version(), want))
         self.agent_runs_current(f)
         lr = lab.status_json().get("lastResult") or {}
         need(lr.get("operation") == name, "status lastResult is %s, not %s" % (lr.get("operation"), name))
-        self.one_result(name)
-        # and it stays that way
-        time.sleep(15)
+        # and it stays that way: the daemon running now has listed the operations and decided
+        lab.agent_decided()
         self.one_result(name)
         detail("converged: %s/%s, current %s" % (v[0], v[1], cur))
 
@@ -712,25 +449,31 @@ class Suite:
         self.create("upgrade", name, url=self.url("flexnode-good.tar.gz", slow=True), sha=lab.sha_good)
         self.wait_phase(name, ("InProgress",) + TERMINAL, 120)
         wait_until("the throttled download to start",
-                   lambda: any("/slow/flexnode-good.tar.gz start" in l for l in lab.art_log_lines()[n0:]), 120, 1)
+                   lambda: any(" /slow/flexnode-good.tar.gz start " in l for l in lab.art_log_lines()[n0:]), 120, 1)
+        # a few seconds into the ~30 s download, then the plug; in flight at the cut: the
+        # operation InProgress, the link not switched, the download not finished
         time.sleep(3)
         need(op_view(lab.get_op(name))[0] == "InProgress", "%s is no longer InProgress before the cut" % name)
         need(lab.current() == cur0, "current already switched: not staging any more")
+        done = [l for l in lab.art_log_lines()[n0:] if " /slow/flexnode-good.tar.gz 200 " in l]
+        need(not done, "the download already finished before the cut: %s" % done)
         self.power_cycle()
-        self._converged_after_cut(name, cur0)
+        self._converged_after_cut(name, cur0, lab.ver_next)
 
     def c_power_cut_after_switch(self):
         self.need_joined()
         lab = self.lab
         name = "e2e-cut-switch"
         cur0 = lab.current()
-        self.create("upgrade", name, url=self.url("flexnode-good.tar.gz"), sha=lab.sha_good)
+        self.create("upgrade", name, url=self.url("flexnode-base.tar.gz"), sha=lab.sha_base)
         rc, out, err = lab.ssh("timeout 600 sh -c 'while [ \"$(readlink /opt/flexnode/current)\" = %s ]; do sleep 0.05; done; "
                                "readlink /opt/flexnode/current'" % shlex.quote(cur0), 640)
         need(rc == 0, "current never switched away from %s (rc %d) — op: %s" % (cur0, rc, op_view(lab.get_op(name))))
-        detail("switch seen: %s -> %s; op %s at the cut" % (cur0, out.strip(), op_view(lab.get_op(name))[0] or "-"))
+        phase = op_view(lab.get_op(name))[0]
+        need(phase == "InProgress", "%s was %r when the link switched: not in flight at the cut" % (name, phase))
+        detail("switch seen: %s -> %s; op %s at the cut" % (cur0, out.strip(), phase))
         self.power_cycle()
-        self._converged_after_cut(name, cur0)
+        self._converged_after_cut(name, cur0, lab.ver_base)
 
     def c_guest_reboot(self):
         self.need_joined()
@@ -771,9 +514,14 @@ class Suite:
 find /etc/systemd/system -name 'flexnode*' | sed 's/^/unit file: /'
 systemctl list-units --all --plain --no-legend 'flexnode*' | awk '$2 != "not-found" {print "unit: " $0}'
 for l in current last-good bin/flexnode; do if [ -e /opt/flexnode/$l ] || [ -L /opt/flexnode/$l ]; then echo "left: /opt/flexnode/$l"; fi; done
-for p in /proc/[0-9]*; do e=$(readlink $p/exe 2>/dev/null); c=$(cat $p/comm 2>/dev/null); case "$e $c" in /opt/flexnode/*|*" flexnode"*) echo "process: ${p#/proc/} $e $c";; esac; done
-if [ "$(systemctl is-active systemd-nspawn@kube1)" = active ]; then echo "machine kube1 still running"; fi
-true
+for p in /proc/[0-9]*; do e=$(readlink $p/exe 2>/dev/null || true); c=$(cat $p/comm 2>/dev/null || true); case "$e $c" in /opt/flexnode/*|*" flexnode"*) echo "process: ${p#/proc/} $e $c";; esac; done
+for m in kube1 kube2; do
+  if [ "$(systemctl is-active systemd-nspawn@$m || true)" = active ]; then echo "machine $m still running"; fi
+  if [ -e /var/lib/machines/$m ] || [ -L /var/lib/machines/$m ]; then echo "machine tree /var/lib/machines/$m left"; fi
+  if [ -e /etc/systemd/nspawn/$m.nspawn ]; then echo "left: /etc/systemd/nspawn/$m.nspawn"; fi
+done
+# the runtime files: the config and the node's credential (the installed builds stay, for a re-join)
+if [ -e /etc/flexnode ]; then echo "left: /etc/flexnode ($(ls -A /etc/flexnode | tr '\n' ' '))"; fi
 """)
         return out.strip()
 
@@ -788,6 +536,7 @@ true
     def c_agent_reset(self):
         self.need_joined()
         lab = self.lab
+        cursor = lab.cursor()
         self.create("reset", "e2e-reset")
         self.expect("e2e-reset", "Complete", "Succeeded", 600, MSG_RESET_DONE)
         def clean():
@@ -795,10 +544,10 @@ true
             if left:
                 raise Fail(left.replace("\n", "; "))
             return True
-        wait_until("no flexnode unit, link or process left", clean, 300, 5)
+        wait_until("no flexnode unit, link, process, machine, machine tree or runtime file left", clean, 300, 5)
         self.joined = False
         self.reset_finished()
-        j = lab.journal("-u flexnode-agent -o cat --since '-15min'")
+        j = lab.journal_after(cursor, "-u flexnode-agent -o cat")
         need("stop-sigterm' timed out" not in j,
              "systemd had to SIGKILL the agent (stop timed out) during the reset")
         self.one_result("e2e-reset")
@@ -812,8 +561,11 @@ true
         need(f.get("exists.bin") == "yes", "no /opt/flexnode/bin/flexnode")
         wait_until("kube1 active", lambda: lab.facts().get("kube1.ActiveState") == "active", 180, 3)
         self.joined = True
-        # earlier, finished operations are not run again
-        time.sleep(10)
+        # earlier, finished operations are not run again: once the new daemon has listed them
+        # all and decided, none waits and none has a second result
+        listed = lab.agent_decided()
+        need(all("waiting=0" in l for l in listed), "after the re-join operations wait to run: %s" % listed)
+        detail("the new daemon: %s" % "; ".join(l.split("operations listed", 1)[-1].strip() for l in listed))
         for name in self.created:
             self.one_result(name)
 
@@ -858,16 +610,32 @@ true
                     "systemctl daemon-reload", 120)
 
     def c_one_result_each(self):
+        """Over the whole run: every operation has exactly one terminal result in the watch
+        (which never lost events: every resume continued from its last resourceVersion) and
+        exactly one terminal Event."""
+        need(not self.watch.gaps, "the watch lost events it cannot account for: %s" % self.watch.gaps)
         names = set(self.created) | set(self.watch.names())
+        need(set(self.created) <= set(self.watch.names()),
+             "the watch never saw %s" % sorted(set(self.created) - set(self.watch.names())))
         bad = []
         for n in sorted(names):
+            op = self.lab.get_op(n)
+            v = op_view(op)
+            if op is not None:
+                rv = int(op["metadata"]["resourceVersion"])
+                wait_until("the watch to see %s at resourceVersion %d" % (n, rv),
+                           lambda: self.watch.caught_up(n, rv), 60, 0.5)
             bad += ["%s: %s" % (n, b) for b in self.watch.violations(n)]
-            v = op_view(self.lab.get_op(n))
             if n in self.created and v[0] not in TERMINAL:
                 bad.append("%s never finished (phase %r)" % (n, v[0]))
+            if v[0] in TERMINAL:
+                count, _ = self.terminal_events(n)
+                if count != 1:
+                    bad.append("%s has %d terminal Events" % (n, count))
         need(not bad, "; ".join(bad))
-        detail("%d operations, each with exactly one terminal result (watch restarts: %d)"
-               % (len(names), self.watch.restarts))
+        detail("%d operations, each with exactly one terminal result and one terminal Event "
+               "(the watch resumed %d times from its last resourceVersion, no gap)"
+               % (len(names), self.watch.resumes))
 
 
 CHECKS = [
@@ -880,7 +648,7 @@ CHECKS = [
     ("invalid-params-wrong-digest", Suite.c_invalid_wrong_digest),
     ("invalid-params-url-credentials", Suite.c_invalid_url_credentials),
     ("upgrade-back", Suite.c_upgrade_back),
-    ("second-concurrent-upgrade-refused", Suite.c_concurrent),
+    ("second-concurrent-upgrade-waits", Suite.c_concurrent),
     ("power-cut-during-staging", Suite.c_power_cut_staging),
     ("power-cut-after-switch", Suite.c_power_cut_after_switch),
     ("guest-reboot", Suite.c_guest_reboot),
@@ -905,7 +673,7 @@ def diagnose(lab):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lab", required=True)
+    ap.add_argument("--lab")
     ap.add_argument("--only", default="", help="comma-separated check names (default: all, in order)")
     ap.add_argument("--list", action="store_true")
     a = ap.parse_args()
@@ -913,6 +681,8 @@ def main():
         for n, _ in CHECKS:
             print(n)
         return 0
+    if not a.lab:
+        ap.error("--lab is required (except with --list)")
     only = [x for x in a.only.split(",") if x]
     unknown = set(only) - {n for n, _ in CHECKS}
     if unknown:
@@ -924,8 +694,11 @@ def main():
     lab = Lab(a.lab)
     suite = Suite(lab)
     suite.watch.start()
+    if not suite.watch.listed.wait(60):
+        sys.exit("suite: the operation watch could not list MachineOperations")
     t_all = time.time()
     passed = failed = 0
+    ran = set()
     try:
         if only and "join" not in only:
             suite.joined = bool(lab.agent_active())
@@ -933,6 +706,7 @@ def main():
             if only and name not in only:
                 continue
             print("---- %s" % name, flush=True)
+            ran.add(name)
             t = time.time()
             try:
                 fn(suite)
@@ -953,7 +727,10 @@ def main():
     finally:
         suite.watch.stop()
         lab.drop_ssh()
-    print("%d passed, %d failed in %.1f s" % (passed, failed, time.time() - t_all), flush=True)
+    not_run = [n for n, _ in CHECKS if n not in ran]
+    print("%d passed, %d failed, %d not run%s in %.1f s"
+          % (passed, failed, len(not_run), " (%s)" % ", ".join(not_run) if not_run else "",
+             time.time() - t_all), flush=True)
     return 1 if failed else 0
 
 

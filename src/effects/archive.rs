@@ -285,10 +285,7 @@ impl ArchiveFetcher {
                 .parse()
                 .map_err(|_| failed("invalid URL"))?;
             let request = Request::get(uri)
-                .header(
-                    header::USER_AGENT,
-                    concat!("flexnode/", env!("CARGO_PKG_VERSION")),
-                )
+                .header(header::USER_AGENT, format!("flexnode/{}", crate::VERSION))
                 .body(Empty::<Bytes>::new())
                 .map_err(|_| failed("invalid request"))?;
             let response = tokio::time::timeout(self.read_timeout, client.request(request))

@@ -2512,7 +2512,7 @@ async fn http_get(
         "GET {path} HTTP/1.1\r\nHost: {}\r\nUser-Agent: flexnode/{}\r\nAccept: {accept}\r\n\
          Accept-Encoding: identity\r\nConnection: close\r\n\r\n",
         authority.host_header(),
-        env!("CARGO_PKG_VERSION")
+        crate::VERSION
     );
     tokio::time::timeout(timeout, reader.get_mut().write_all(request.as_bytes()))
         .await

@@ -168,6 +168,18 @@ pub struct FsHost {
 }
 
 impl FsHost {
+    /// The links and selection files a reset removes.
+    fn agent_link_paths(&self) -> [PathBuf; 5] {
+        let l = &self.layout;
+        [
+            l.current_link(),
+            l.last_good_link(),
+            l.bin_link(),
+            l.agent_image_env(),
+            l.agent_image_last_good_env(),
+        ]
+    }
+
     /// The host install on `layout`, copying the running executable (`/proc/self/exe`), for
     /// this build's architecture.
     pub fn new(layout: HostLayout) -> Self {
@@ -931,17 +943,24 @@ impl Host for FsHost {
 
     async fn remove_agent_links(&self) -> EffectResult {
         self.blocking(|h| {
-            let l = &h.layout;
-            for path in [
-                l.current_link(),
-                l.last_good_link(),
-                l.bin_link(),
-                l.agent_image_env(),
-                l.agent_image_last_good_env(),
-            ] {
+            for path in h.agent_link_paths() {
                 remove_no_follow(&path)?;
             }
             Ok(())
+        })
+        .await
+    }
+
+    async fn agent_links_present(&self) -> EffectResult<bool> {
+        self.blocking(|h| {
+            for path in h.agent_link_paths() {
+                match std::fs::symlink_metadata(&path) {
+                    Ok(_) => return Ok(true),
+                    Err(e) if e.kind() == ErrorKind::NotFound => {}
+                    Err(e) => return Err(io_failed("inspect", &path, &e)),
+                }
+            }
+            Ok(false)
         })
         .await
     }

@@ -76,6 +76,10 @@ pub trait Systemd: Send + Sync {
     fn write_unit(&self, name: &str, contents: &str) -> impl Future<Output = EffectResult> + Send;
     /// Removes a unit file; absent is fine.
     fn remove_unit(&self, name: &str) -> impl Future<Output = EffectResult> + Send;
+    /// Whether the unit file `name` is installed (written, not removed since).
+    fn unit_file_present(&self, name: &str) -> impl Future<Output = EffectResult<bool>> + Send;
+    /// Whether `unit` is enabled (its install symlinks exist); an unknown unit is not.
+    fn is_enabled(&self, unit: &str) -> impl Future<Output = EffectResult<bool>> + Send;
     fn daemon_reload(&self) -> impl Future<Output = EffectResult> + Send;
     fn enable(&self, unit: &str) -> impl Future<Output = EffectResult> + Send;
     fn disable(&self, unit: &str) -> impl Future<Output = EffectResult> + Send;
@@ -101,6 +105,13 @@ pub trait Systemd: Send + Sync {
     ) -> impl Future<Output = EffectResult<MachineStatus>> + Send;
     /// When the unit last became active, or `None` while it is not active.
     fn active_since(
+        &self,
+        unit: &str,
+    ) -> impl Future<Output = EffectResult<Option<Timestamp>>> + Send;
+    /// When the unit's current run began (it left inactive), while it is starting or active;
+    /// `None` otherwise. A `Type=notify` unit asking about itself before it is ready is
+    /// starting: its own run is already seen here, not yet by `active_since`.
+    fn started_since(
         &self,
         unit: &str,
     ) -> impl Future<Output = EffectResult<Option<Timestamp>>> + Send;
@@ -155,6 +166,8 @@ pub trait Host: Send + Sync {
     ) -> impl Future<Output = EffectResult> + Send;
     /// Removes the agent's links (the installed builds stay for a re-join).
     fn remove_agent_links(&self) -> impl Future<Output = EffectResult> + Send;
+    /// Whether any of the agent's links or selection files is still there.
+    fn agent_links_present(&self) -> impl Future<Output = EffectResult<bool>> + Send;
     /// The Kubernetes version a side's rootfs was provisioned for, if any.
     fn machine_rootfs(
         &self,

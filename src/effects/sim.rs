@@ -53,11 +53,43 @@ pub struct RestartTimer {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SimMachine {
     pub kubernetes_version: Option<String>,
+    /// Its unit (an instance of systemd's own template) is enabled.
+    pub enabled: bool,
     pub running: bool,
     /// When it started; `None` while stopped (systemd has no active time for an inactive unit).
     pub started_at: Option<Timestamp>,
     /// Starting this machine fails (its kubelet never gets ready).
     pub broken: bool,
+}
+
+/// A unit in a [`HostSnapshot`]: its file and state, without times.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnitSnapshot {
+    pub contents: String,
+    pub file: bool,
+    pub enabled: bool,
+    pub active: bool,
+    pub failed: bool,
+}
+
+/// The simulated host and API server as a whole, without times (see [`SimHost::snapshot`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostSnapshot {
+    pub units: BTreeMap<String, UnitSnapshot>,
+    /// Per side: the provisioned Kubernetes version, whether its unit is enabled, and
+    /// whether it runs.
+    pub machines: BTreeMap<Side, (Option<String>, bool, bool)>,
+    pub slots: BTreeMap<Slot, Build>,
+    pub images: BTreeMap<String, Build>,
+    pub current: Option<AgentBuild>,
+    pub last_good: Option<AgentBuild>,
+    pub runtime_files: bool,
+    pub pending_restart_timers: usize,
+    pub agent_restarts: u32,
+    /// The first published result of each operation UID: reason and message.
+    pub results: BTreeMap<String, (crate::machine::effect::ResultReason, String)>,
+    /// The last Machine status written.
+    pub machine_status: Option<(MachinePhase, String, Option<i64>)>,
 }
 
 /// A status write seen by the simulated API server.
@@ -67,9 +99,12 @@ pub enum ApiWrite {
         op: OpRef,
         message: String,
     },
+    /// Every publish is kept, with the `completedAt` it carried: a re-publish of the same
+    /// result is idempotent on a real API server, one with another time is a second result.
     Result {
         op: OpRef,
         result: OpResult,
+        completed_at: Timestamp,
     },
     Machine {
         phase: MachinePhase,
@@ -199,14 +234,82 @@ impl SimHost {
     }
 
     pub fn results(&self) -> Vec<(OpRef, OpResult)> {
+        self.publishes()
+            .into_iter()
+            .map(|(op, result, _)| (op, result))
+            .collect()
+    }
+
+    /// Every result publish, in order, with its `completedAt`.
+    pub fn publishes(&self) -> Vec<(OpRef, OpResult, Timestamp)> {
         self.world()
             .api
             .iter()
             .filter_map(|w| match w {
-                ApiWrite::Result { op, result } => Some((op.clone(), result.clone())),
+                ApiWrite::Result {
+                    op,
+                    result,
+                    completed_at,
+                } => Some((op.clone(), result.clone(), *completed_at)),
                 ApiWrite::Progress { .. } | ApiWrite::Machine { .. } => None,
             })
             .collect()
+    }
+
+    /// What the host and the API server hold now, without times and call logs: two runs that
+    /// did the same things end in equal snapshots.
+    pub fn snapshot(&self) -> HostSnapshot {
+        let w = self.world();
+        let mut results = BTreeMap::new();
+        let mut machine_status = None;
+        for write in &w.api {
+            match write {
+                ApiWrite::Result { op, result, .. } => {
+                    results
+                        .entry(op.uid.clone())
+                        .or_insert_with(|| (result.reason, result.message.clone()));
+                }
+                ApiWrite::Machine {
+                    phase,
+                    message,
+                    observed_generation,
+                } => machine_status = Some((*phase, message.clone(), *observed_generation)),
+                ApiWrite::Progress { .. } => {}
+            }
+        }
+        HostSnapshot {
+            units: w
+                .units
+                .iter()
+                .map(|(name, u)| {
+                    let state = UnitSnapshot {
+                        contents: u.contents.clone(),
+                        file: u.file,
+                        enabled: u.enabled,
+                        active: u.active,
+                        failed: u.failed,
+                    };
+                    (name.clone(), state)
+                })
+                .collect(),
+            machines: w
+                .machines
+                .iter()
+                .map(|(side, m)| {
+                    let state = (m.kubernetes_version.clone(), m.enabled, m.running);
+                    (*side, state)
+                })
+                .collect(),
+            slots: w.slots.clone(),
+            images: w.images.clone(),
+            current: w.current.clone(),
+            last_good: w.last_good.clone(),
+            runtime_files: w.runtime_files,
+            pending_restart_timers: w.restart_timers.iter().filter(|t| !t.fired).count(),
+            agent_restarts: w.agent_restarts,
+            results,
+            machine_status,
+        }
     }
 
     /// Records the call and applies a scripted fault, if one is due.
@@ -428,6 +531,22 @@ impl Systemd for SimHost {
         })
     }
 
+    async fn unit_file_present(&self, name: &str) -> EffectResult<bool> {
+        self.read("unit_file_present", name)?;
+        check_unit_name(name)?;
+        Ok(self.world().units.get(name).is_some_and(|u| u.file))
+    }
+
+    async fn is_enabled(&self, unit: &str) -> EffectResult<bool> {
+        self.read("is_enabled", unit)?;
+        check_unit_name(unit)?;
+        let mut w = self.world();
+        if let Some(side) = World::machine_side(unit) {
+            return Ok(w.machine(side).enabled);
+        }
+        Ok(w.units.get(unit).is_some_and(|u| u.enabled))
+    }
+
     async fn daemon_reload(&self) -> EffectResult {
         self.run("daemon_reload", "", |w| {
             w.reloads += 1;
@@ -439,7 +558,9 @@ impl Systemd for SimHost {
         self.run("enable", unit, |w| {
             check_unit_name(unit)?;
             // A machine unit is an instance of systemd's own template: its file always exists.
-            if World::machine_side(unit).is_some() {
+            if let Some(side) = World::machine_side(unit) {
+                w.machine(side).enabled = true;
+                w.reloads += 1;
                 return Ok(());
             }
             match w.units.get_mut(unit).filter(|u| u.file) {
@@ -459,6 +580,9 @@ impl Systemd for SimHost {
     async fn disable(&self, unit: &str) -> EffectResult {
         self.run("disable", unit, |w| {
             check_unit_name(unit)?;
+            if let Some(side) = World::machine_side(unit) {
+                w.machine(side).enabled = false;
+            }
             if let Some(u) = w.units.get_mut(unit) {
                 u.enabled = false;
             }
@@ -541,6 +665,18 @@ impl Systemd for SimHost {
         Ok(w.units.get(unit).and_then(|u| u.active_since))
     }
 
+    /// Simulated units start at once: their run begins when they become active.
+    async fn started_since(&self, unit: &str) -> EffectResult<Option<Timestamp>> {
+        self.read("started_since", unit)?;
+        check_unit_name(unit)?;
+        let mut w = self.world();
+        if let Some(side) = World::machine_side(unit) {
+            let m = w.machine(side);
+            return Ok(m.started_at.filter(|_| m.running));
+        }
+        Ok(w.units.get(unit).and_then(|u| u.active_since))
+    }
+
     async fn machine_status(&self, side: Side) -> EffectResult<MachineStatus> {
         self.read("machine_status", side.name())?;
         let mut w = self.world();
@@ -599,7 +735,7 @@ impl Host for SimHost {
     async fn install_agent(&self, mode: InstallMode, build: &AgentBuild) -> EffectResult {
         self.run("install_agent", mode.as_str(), |w| {
             let installed = Build {
-                version: env!("CARGO_PKG_VERSION").to_string(),
+                version: crate::VERSION.to_string(),
                 crashes: false,
             };
             match build {
@@ -696,6 +832,12 @@ impl Host for SimHost {
         })
     }
 
+    async fn agent_links_present(&self) -> EffectResult<bool> {
+        self.read("agent_links_present", "")?;
+        let w = self.world();
+        Ok(w.current.is_some() || w.last_good.is_some())
+    }
+
     async fn machine_rootfs(&self, side: Side) -> EffectResult<Option<String>> {
         self.read("machine_rootfs", side.name())?;
         Ok(self.world().machine(side).kubernetes_version.clone())
@@ -743,12 +885,13 @@ impl Publisher for SimHost {
         })
     }
 
-    async fn publish_result(&self, op: &OpRef, result: &OpResult, _at: Timestamp) -> EffectResult {
+    async fn publish_result(&self, op: &OpRef, result: &OpResult, at: Timestamp) -> EffectResult {
         self.run("publish_result", &op.name, |w| {
             w.api()?;
             w.api.push(ApiWrite::Result {
                 op: op.clone(),
                 result: result.clone(),
+                completed_at: at,
             });
             Ok(())
         })

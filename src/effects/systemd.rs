@@ -38,6 +38,8 @@ pub const BUSCTL: &str = "/usr/bin/busctl";
 pub const RESTART_UNIT_PREFIX: &str = "flexnode-agent-restart-";
 
 const NO_SUCH_UNIT: &str = "org.freedesktop.systemd1.NoSuchUnit";
+/// `GetUnitFileState` of a unit without a file.
+const FILE_NOT_FOUND: &str = "org.freedesktop.DBus.Error.FileNotFound";
 const NO_SUCH_MACHINE: &str = "org.freedesktop.machine1.NoSuchMachine";
 /// machined is not installed (no bus name, no activation file).
 const SERVICE_UNKNOWN: &str = "org.freedesktop.DBus.Error.ServiceUnknown";
@@ -73,6 +75,8 @@ pub struct UnitState {
     pub sub_state: String,
     /// `ActiveEnterTimestamp`, µs since the epoch (0: never active).
     pub active_enter_usec: u64,
+    /// `InactiveExitTimestamp`, µs since the epoch: when the current run began to start.
+    pub inactive_exit_usec: u64,
 }
 
 /// A machine as `ListMachines` reports it.
@@ -185,6 +189,10 @@ impl DbusSystemd {
             sub_state: proxy.sub_state().await.map_err(|e| bus_failed(&what, e))?,
             active_enter_usec: proxy
                 .active_enter_timestamp()
+                .await
+                .map_err(|e| bus_failed(&what, e))?,
+            inactive_exit_usec: proxy
+                .inactive_exit_timestamp()
                 .await
                 .map_err(|e| bus_failed(&what, e))?,
         };
@@ -559,6 +567,31 @@ impl Systemd for DbusSystemd {
         .map_err(|e| EffectError::Failed(format!("remove unit: {e}")))?
     }
 
+    async fn unit_file_present(&self, name: &str) -> EffectResult<bool> {
+        check_unit_name(name)?;
+        let path = self.unit_dir.join(name);
+        tokio::task::spawn_blocking(move || match std::fs::symlink_metadata(&path) {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(EffectError::Failed(format!(
+                "inspect {}: {e}",
+                path.display()
+            ))),
+        })
+        .await
+        .map_err(|e| EffectError::Failed(format!("inspect unit file: {e}")))?
+    }
+
+    async fn is_enabled(&self, unit: &str) -> EffectResult<bool> {
+        check_unit_name(unit)?;
+        match self.manager.get_unit_file_state(unit.to_string()).await {
+            Ok(state) => Ok(matches!(state.as_str(), "enabled" | "enabled-runtime")),
+            // No unit file: nothing is enabled.
+            Err(e) if is_error(&e, NO_SUCH_UNIT) || is_error(&e, FILE_NOT_FOUND) => Ok(false),
+            Err(e) => Err(bus_failed(&format!("read the enablement of {unit}"), e)),
+        }
+    }
+
     async fn daemon_reload(&self) -> EffectResult {
         // The reply comes once the manager has reloaded.
         self.manager
@@ -687,6 +720,18 @@ impl Systemd for DbusSystemd {
 
     async fn active_since(&self, unit: &str) -> EffectResult<Option<Timestamp>> {
         self.active_enter(unit).await
+    }
+
+    async fn started_since(&self, unit: &str) -> EffectResult<Option<Timestamp>> {
+        let Some(state) = self.unit_state(unit).await? else {
+            return Ok(None);
+        };
+        Ok(match state.active_state.as_str() {
+            "activating" | "active" | "reloading" if state.inactive_exit_usec > 0 => {
+                Some(usec_to_timestamp(state.inactive_exit_usec))
+            }
+            _ => None,
+        })
     }
 }
 

@@ -125,7 +125,7 @@ where
                 }
                 fx.host.select_agent(*mode, to, last_good).await
             }
-            // An agent restart is done once the agent unit became active after the intent. A
+            // An agent restart is done once the agent unit started again after the intent. A
             // CLI process never resumes a scheduled restart: the old daemon already died.
             Effect::ScheduleAgentRestart { .. } if resumed.is_some() && !self.daemon => Ok(()),
             Effect::ScheduleAgentRestart { .. } | Effect::RestartAgent
@@ -181,14 +181,18 @@ where
             }
             // The bootstrap unit goes first (it would re-join), the agent unit last.
             Effect::UninstallAgent => {
-                fx.systemd.disable(BOOTSTRAP_UNIT).await?;
+                self.disable_unit(BOOTSTRAP_UNIT).await?;
                 self.stop_unit(BOOTSTRAP_UNIT).await?;
-                fx.systemd.disable(AGENT_UNIT).await?;
+                self.disable_unit(AGENT_UNIT).await?;
                 for unit in [BOOTSTRAP_UNIT, RECOVERY_UNIT, RESET_UNIT, AGENT_UNIT] {
-                    fx.systemd.remove_unit(unit).await?;
+                    if fx.systemd.unit_file_present(unit).await? {
+                        fx.systemd.remove_unit(unit).await?;
+                    }
                 }
                 fx.systemd.daemon_reload().await?;
-                fx.host.remove_agent_links().await?;
+                if fx.host.agent_links_present().await? {
+                    fx.host.remove_agent_links().await?;
+                }
                 // The daemon is the agent unit's process: a stop job would wait for its own
                 // death. It exits once this step is recorded (the node is Unjoined then), which
                 // leaves the unit inactive and, without its file, gone.
@@ -200,11 +204,13 @@ where
         }
     }
 
+    /// The agent unit's current run began after `intent`: the restart happened (a daemon
+    /// resuming this during its own start-up is that run, still starting).
     async fn agent_restarted_since(&self, intent: Option<Timestamp>) -> EffectResult<bool> {
         let Some(intent) = intent else {
             return Ok(false);
         };
-        let since = self.effects.systemd.active_since(AGENT_UNIT).await?;
+        let since = self.effects.systemd.started_since(AGENT_UNIT).await?;
         Ok(since.is_some_and(|t| t >= intent))
     }
 
@@ -215,9 +221,16 @@ where
         self.effects.systemd.stop(unit).await
     }
 
+    async fn disable_unit(&self, unit: &str) -> EffectResult {
+        if !self.effects.systemd.is_enabled(unit).await? {
+            return Ok(());
+        }
+        self.effects.systemd.disable(unit).await
+    }
+
     async fn remove_machine(&self, side: Side) -> EffectResult {
         self.stop_machine(side).await?;
-        self.effects.systemd.disable(&machine_unit(side)).await?;
+        self.disable_unit(&machine_unit(side)).await?;
         if self.effects.host.machine_rootfs(side).await?.is_none() {
             return Ok(());
         }

@@ -103,7 +103,7 @@ impl fmt::Display for OpRef {
 }
 
 /// A claimed operation being run.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct OpRun {
     pub op: OpRef,
     pub started_at: Timestamp,
@@ -114,7 +114,7 @@ pub struct OpRun {
 }
 
 /// The node's goal as applied: the Machine generation is the settings version.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Goal {
     pub generation: i64,
     pub kubernetes_version: String,
@@ -122,7 +122,7 @@ pub struct Goal {
 
 /// Operation UIDs that already finished here, newest last; a second claim of one is refused
 /// even if the API server shows it again (e.g. a status write was lost).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct FinishedOps(Vec<String>);
 
@@ -145,7 +145,7 @@ impl FinishedOps {
 }
 
 /// Everything known about a joined node.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct NodeInfo {
     pub name: String,
     pub mode: InstallMode,
@@ -167,7 +167,7 @@ impl NodeInfo {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum JoinPhase {
     /// Agent files, units and the first nspawn machine.
     Installing,
@@ -175,7 +175,7 @@ pub enum JoinPhase {
     Starting,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum UpgradePhase {
     /// Download or pull, verify, install into the candidate, run its `version`.
     Staging,
@@ -192,7 +192,7 @@ pub enum UpgradePhase {
     },
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum RepavePhase {
     /// Build the new side while the old one still runs.
     Provisioning,
@@ -204,7 +204,7 @@ pub enum RepavePhase {
     Retiring,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum ResetCause {
     /// An AgentReset MachineOperation.
     Operation,
@@ -214,7 +214,7 @@ pub enum ResetCause {
     Cli,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum ResetPhase {
     Wiping,
     /// The operation's result must reach the API server before the daemon goes away.
@@ -222,7 +222,7 @@ pub enum ResetPhase {
     Uninstalling,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "camelCase")]
 pub enum NodeState {
     Unjoined {

@@ -13,7 +13,7 @@ pub const PARAM_URL: &str = "downloadURL";
 pub const PARAM_SHA256: &str = "sha256";
 
 /// CPU architectures an agent build exists for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Arch {
     Amd64,
@@ -95,7 +95,7 @@ impl fmt::Display for Sha256Hex {
 
 /// An http(s) archive URL. It is kept whole for the download, but `Display` and `Debug` drop the
 /// query (which may hold a SAS token), so journal lines and logs never carry it.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct ArchiveUrl(String);
 
@@ -127,7 +127,7 @@ impl fmt::Display for ArchiveUrl {
 
 /// A fully qualified image repository with an optional tag, never a digest (the digest travels
 /// separately in `sha256`). Validation leaves no room for userinfo, query or fragment.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ImageRef {
     pub registry: String,
     pub repository: String,
@@ -152,7 +152,7 @@ impl fmt::Display for ImageRef {
 }
 
 /// What an accepted AgentUpgrade will install.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum UpgradeTarget {
     Archive { url: ArchiveUrl, sha256: Sha256Hex },

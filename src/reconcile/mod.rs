@@ -17,6 +17,10 @@ pub use owner::{DaemonConfig, run};
 pub enum Msg {
     Operation(Box<MachineOperation>),
     OperationGone(String),
+    /// An operation watch finished a (re-)list: every operation it selects has been sent.
+    OperationsListed {
+        watch: &'static str,
+    },
     Node(Option<Box<Node>>),
     Machine(Option<Box<Machine>>),
 }

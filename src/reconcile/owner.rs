@@ -45,6 +45,8 @@ struct Owner<S, C, H> {
     machine: Option<Option<Box<Machine>>>,
     /// Operations already told (by an Event) that they wait for the node.
     told_waiting: std::collections::HashSet<String>,
+    /// The goal observation last logged (logged again only when it changes).
+    last_observed: Option<GoalObservation>,
 }
 
 /// Runs the daemon until `shutdown` completes (or the task is dropped).
@@ -78,6 +80,7 @@ where
         node: None,
         machine: None,
         told_waiting: Default::default(),
+        last_observed: None,
     };
     // Finish what a crash interrupted, publish what waits, judge a pending hand-off: before
     // any new work is claimed.
@@ -91,10 +94,16 @@ where
     let tasks = [
         watch::operations(
             Api::all(client.clone()),
+            "own",
             &format!("spec.machineRef={name}"),
             tx.clone(),
         ),
-        watch::operations(Api::all(client.clone()), "spec.machineRef=", tx.clone()),
+        watch::operations(
+            Api::all(client.clone()),
+            "selector",
+            "spec.machineRef=",
+            tx.clone(),
+        ),
         watch::node(Api::all(client.clone()), name, tx.clone()),
         watch::machine(Api::all(client.clone()), name, tx),
     ];
@@ -157,6 +166,11 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
             Msg::OperationGone(uid) => {
                 self.ops.remove(&uid);
                 self.told_waiting.remove(&uid);
+                Ok(())
+            }
+            Msg::OperationsListed { watch } => {
+                self.claim_waiting().await?;
+                self.log_listed(watch);
                 Ok(())
             }
             Msg::Node(node) => {
@@ -255,6 +269,28 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
         Ok(())
     }
 
+    /// After a (re-)list, what this node has to do: the journal line operators (and the e2e
+    /// suite) read to know the daemon has seen every operation and decided about each.
+    fn log_listed(&self, watch: &str) {
+        let labels = self.labels();
+        let mine: Vec<&MachineOperation> = self
+            .ops
+            .values()
+            .filter(|op| address::addressed(op, &self.node_name, labels.as_ref()))
+            .collect();
+        let finished = mine.iter().filter(|op| address::is_terminal(op)).count();
+        let waiting = mine.iter().filter(|op| address::is_claimable(op)).count();
+        tracing::info!(
+            node = %self.node_name,
+            watch = %watch,
+            addressed = mine.len(),
+            finished,
+            waiting,
+            state = %self.runner.state().map(|s| s.to_string()).unwrap_or_default(),
+            "operations listed"
+        );
+    }
+
     async fn observe_goal(&mut self) -> Result<(), DaemonError> {
         let (Some(node), Some(machine)) = (&self.node, &self.machine) else {
             return Ok(());
@@ -277,8 +313,20 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
                     .unwrap_or_default(),
             }),
         };
-        self.feed(Input::GoalObserved(GoalObservation { node, machine }))
-            .await?;
+        let observed = GoalObservation { node, machine };
+        let fed = self.feed(Input::GoalObserved(observed.clone())).await?;
+        if self.last_observed.as_ref() != Some(&observed) {
+            tracing::info!(
+                node = %self.node_name,
+                observed = %Input::GoalObserved(observed.clone()),
+                outcome = %match &fed {
+                    Fed::Accepted(state) => state.to_string(),
+                    Fed::Refused(r) => format!("refused: {r}"),
+                },
+                "goal observed"
+            );
+            self.last_observed = Some(observed);
+        }
         Ok(())
     }
 

@@ -122,9 +122,27 @@ impl KubePublisher {
         )))
     }
 
-    /// An operation the node cannot take yet (it stays Pending): said once, as an Event, so
-    /// `kubectl describe` shows why it waits.
+    /// An operation the node cannot take yet: marked `Pending` (so `kubectl get` shows that
+    /// the node has seen it) and said once, as an Event, so `kubectl describe` shows why it
+    /// waits. Pending keeps it claimable; a failed write only loses the mark.
     pub async fn waiting(&self, obj: &MachineOperation, why: &str) {
+        if let (Some(name), Some(uid)) = (obj.metadata.name.clone(), obj.metadata.uid.clone()) {
+            let op = OpRef { name, uid };
+            let marked = self
+                .write_op(&op, |current| {
+                    let mut s = current.status.clone().unwrap_or_default();
+                    if s.phase.is_some() {
+                        return Write::Skip;
+                    }
+                    s.phase = Some(OperationPhase::Pending);
+                    s.message = Some(why.to_string());
+                    Write::Put(s)
+                })
+                .await;
+            if let Err(e) = marked {
+                tracing::warn!(operation = %op, error = %e, "Pending not written");
+            }
+        }
         self.event(obj, EventType::Normal, "Waiting", why).await;
     }
 

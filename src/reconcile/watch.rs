@@ -58,6 +58,7 @@ where
 /// fields): `spec.machineRef=<node>` for this node's, `spec.machineRef=` for selector ones.
 pub fn operations(
     api: Api<MachineOperation>,
+    watch: &'static str,
     fields: &str,
     tx: Sender<Msg>,
 ) -> tokio::task::JoinHandle<()> {
@@ -68,7 +69,8 @@ pub fn operations(
             let msg = match event {
                 Ok(Event::Apply(op) | Event::InitApply(op)) => Msg::Operation(Box::new(op)),
                 Ok(Event::Delete(op)) => Msg::OperationGone(op.metadata.uid.unwrap_or_default()),
-                Ok(Event::Init | Event::InitDone) => continue,
+                Ok(Event::InitDone) => Msg::OperationsListed { watch },
+                Ok(Event::Init) => continue,
                 Err(e) => {
                     tracing::warn!(error = %e, "operation watch interrupted; retrying");
                     continue;

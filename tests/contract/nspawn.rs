@@ -1,8 +1,8 @@
 //! A real systemd (PID 1 of a booted systemd-nspawn container, `e2e/nspawn/run`) as a contract
 //! fixture, reached over the container's system bus. As in `tests/systemd_effects.rs`.
 
-use super::systemd::{FAILING_SERVICE, SystemdFixture, service};
-use crate::support::nspawn::Container;
+use super::systemd::{FAILING_SERVICE, SystemdFixture};
+use crate::support::nspawn::{Container, NESTED_MACHINE_UNIT};
 use flexnode::effects::systemd::DbusSystemd;
 use flexnode::effects::{Systemd, machine_unit};
 use flexnode::machine::state::Side;
@@ -40,12 +40,12 @@ impl SystemdFixture for Nspawn {
             .expect("write_unit");
     }
 
-    /// No nspawn inside the container: a plain long-running service under the machine unit's
-    /// name stands in for it.
+    /// A real machine: an nspawn container nested in the test container, registered with its
+    /// machined (`support::nspawn::NESTED_MACHINE_UNIT`).
     async fn prepare_machine(&self, side: Side) {
         let unit = machine_unit(side);
         self.systemd
-            .write_unit(&unit, &service(&format!("fake machine {}", side.name())))
+            .write_unit(&unit, NESTED_MACHINE_UNIT)
             .await
             .expect("write machine unit");
         self.systemd.daemon_reload().await.expect("daemon_reload");

@@ -12,14 +12,13 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// `None` when FLEXNODE_SKIP_CONTAINERD is set.
-    pub async fn up(flavor: Flavor) -> Option<Self> {
-        let tier = Tier::up_unless_skipped(flavor)?;
+    pub async fn up(flavor: Flavor) -> Self {
+        let tier = Tier::up(flavor);
         let containerd = GrpcContainerd::connect(&tier.socket, NS)
             .await
             .expect("connect to containerd")
             .with_snapshotter(&snapshotter());
-        Some(Self { containerd, tier })
+        Self { containerd, tier }
     }
 }
 

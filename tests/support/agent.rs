@@ -109,7 +109,8 @@ impl Agent {
     }
 }
 
-/// Applies the agents' RBAC and admission policy (waiting until the policy is in force).
+/// Applies the agents' RBAC and admission policies. It does not wait until the policies are
+/// in force (the API server loads them asynchronously): tests of what they refuse retry.
 pub fn apply_rbac(lab: &Lab) {
     let rbac = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/rbac");
     let (ok, out) = lab.kubectl(&["apply", "-f", &rbac.display().to_string()]);
@@ -124,10 +125,7 @@ pub async fn agent_client(lab: &Lab, node: &str) -> Client {
 }
 
 pub async fn admin(lab: &Lab) -> Client {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
+    super::logs::init();
     client_from_kubeconfig(&lab.kubeconfig())
         .await
         .expect("admin client")

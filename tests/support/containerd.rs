@@ -27,22 +27,31 @@ pub enum Flavor {
 /// containerd + registry of our own, stopped (and its dir removed) when dropped.
 pub struct Tier {
     pub dir: PathBuf,
+    /// The private directory `dir` lives in.
+    _parent: tempfile::TempDir,
     pub socket: PathBuf,
     pub registry: String,
     pub storage: PathBuf,
     /// The `ctr` matching the daemon.
     pub ctr: PathBuf,
+    /// The daemon's own version, as `up` read it from the running daemon.
+    pub version: String,
 }
 
 impl Tier {
-    pub fn up_unless_skipped(flavor: Flavor) -> Option<Self> {
-        if std::env::var_os("FLEXNODE_SKIP_CONTAINERD").is_some() {
-            eprintln!("skipped: FLEXNODE_SKIP_CONTAINERD is set");
-            return None;
-        }
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let dir = PathBuf::from(format!("/tmp/fx-ctr-{}-{n}", std::process::id()));
+    /// Fails the test when the tier is not installed (`tier::require`).
+    pub fn up(flavor: Flavor) -> Self {
+        super::tier::require(match flavor {
+            Flavor::V1_6 => super::tier::Tier::Containerd,
+            Flavor::V2 => super::tier::Tier::ContainerdV2,
+        });
+        // A fresh private directory (0700, unpredictable name); the script creates `t` in it
+        // (the socket path must stay short).
+        let parent = tempfile::Builder::new()
+            .prefix("fx-ctr-")
+            .tempdir()
+            .expect("tier parent dir");
+        let dir = parent.path().join("t");
         let dir_arg = dir.display().to_string();
         let mut args = vec!["up", &dir_arg];
         if flavor == Flavor::V2 {
@@ -55,13 +64,24 @@ impl Tier {
                 .unwrap_or_else(|| panic!("{key} missing from `up` output:\n{out}"))
                 .to_string()
         };
-        Some(Self {
+        let version = env("CONTAINERD_VERSION");
+        let want = match flavor {
+            Flavor::V1_6 => "1.6.",
+            Flavor::V2 => "2.",
+        };
+        assert!(
+            version.trim_start_matches('v').starts_with(want),
+            "the {flavor:?} tier runs containerd {version}"
+        );
+        Self {
             socket: env("CONTAINERD_SOCKET").into(),
             registry: env("REGISTRY"),
             storage: env("REGISTRY_STORAGE").into(),
             ctr: env("CTR").into(),
+            version,
             dir,
-        })
+            _parent: parent,
+        }
     }
 
     /// Builds and pushes an image; returns its digest (an index digest with `index`).

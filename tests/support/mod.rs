@@ -3,7 +3,9 @@
 
 pub mod agent;
 pub mod containerd;
+pub mod logs;
 pub mod nspawn;
+pub mod tier;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -11,6 +13,8 @@ use std::process::Command;
 /// A control plane of our own (e2e/controlplane/run), stopped when dropped.
 pub struct Lab {
     pub dir: PathBuf,
+    /// The private directory `dir` lives in (removed after `down`).
+    _parent: tempfile::TempDir,
 }
 
 pub fn script() -> PathBuf {
@@ -18,19 +22,15 @@ pub fn script() -> PathBuf {
 }
 
 impl Lab {
-    /// `None` (and a note) when FLEXNODE_SKIP_CONTROLPLANE is set; CI never sets it.
-    pub fn up_unless_skipped() -> Option<Self> {
-        if std::env::var_os("FLEXNODE_SKIP_CONTROLPLANE").is_some() {
-            eprintln!("skipped: FLEXNODE_SKIP_CONTROLPLANE is set");
-            return None;
-        }
-        Some(Self::up())
-    }
-
+    /// Fails the test when the control plane is not built (`tier::require`).
     pub fn up() -> Self {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let dir = std::env::temp_dir().join(format!("flexnode-lab-{}-{n}", std::process::id()));
+        tier::require(tier::Tier::ControlPlane);
+        // A fresh private directory (0700, unpredictable name); the script creates `cp` in it.
+        let parent = tempfile::Builder::new()
+            .prefix("flexnode-lab-")
+            .tempdir()
+            .expect("lab parent dir");
+        let dir = parent.path().join("cp");
         let out = Command::new(script())
             .args(["up", "--no-kcm", "--dir"])
             .arg(&dir)
@@ -42,7 +42,10 @@ impl Lab {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        Self { dir }
+        Self {
+            dir,
+            _parent: parent,
+        }
     }
 
     /// The admin kubeconfig.

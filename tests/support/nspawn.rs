@@ -3,6 +3,16 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// The unit of a machine nested in the container: a non-booted `systemd-nspawn` (PID 1
+/// `sleep`) on a throwaway tmpfs root whose /usr is the container's own rootfs (bound at
+/// `/var/lib/machines/.base` by `e2e/nspawn/run`), registered with the container's machined,
+/// written as `systemd-nspawn@<side>.service` and enabled like the host's own template.
+pub const NESTED_MACHINE_UNIT: &str = "[Unit]\nDescription=flexnode test machine %i\n\n[Service]\n\
+    Type=notify\nKillMode=mixed\nDelegate=yes\n\
+    ExecStart=/usr/bin/systemd-nspawn --quiet --keep-unit --register=yes --machine=%i \
+    --directory=/var/lib/machines/.base --volatile=yes /usr/bin/sleep infinity\n\n\
+    [Install]\nWantedBy=machines.target\n";
+
 /// A booted container; `down` on drop.
 pub struct Container {
     pub name: String,
@@ -13,7 +23,9 @@ pub struct Container {
 }
 
 impl Container {
+    /// Fails the test when the nspawn tier is not installed (`tier::require`).
     pub fn up(name: &str) -> Self {
+        super::tier::require(super::tier::Tier::Nspawn);
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e/nspawn/run");
         let out = Command::new(&script)
             .args(["up", name])

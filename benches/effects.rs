@@ -1,0 +1,111 @@
+//! Benchmarks of the real effects (never timed assertions): `cargo bench --bench effects`.
+//! Each prints medians; `docs/benchmarks.md` records them.
+//!
+//! - containerd: pull + unpack of a 10 MB, 2-layer image by digest, 5 runs, on containerd 1.6
+//!   and 2.x (the image is removed between runs);
+//! - systemd (a booted nspawn container): the D-Bus restart round trip (21 runs) and the
+//!   transient-timer restart with a 1000 ms delay (5 runs).
+//!
+//! Needs the tiers the tests use (`.ci/run` installs them).
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use flexnode::effects::containerd::GrpcContainerd;
+use flexnode::effects::systemd::DbusSystemd;
+use flexnode::effects::{Containerd, Systemd};
+use flexnode::machine::Timestamp;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use support::containerd::{Flavor, NS, Tier, snapshotter};
+use support::nspawn::Container;
+use support::wait_for;
+
+fn now() -> Timestamp {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970");
+    Timestamp::from_millis(i64::try_from(d.as_millis()).expect("ms fit i64"))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+async fn pull_10mb(flavor: Flavor) {
+    let tier = Tier::up(flavor);
+    let digest = tier.image("e2e/big:v1", 10, false);
+    let reference = tier.reference("e2e/big", &digest);
+    let agent = GrpcContainerd::connect(&tier.socket, NS)
+        .await
+        .expect("connect")
+        .with_snapshotter(&snapshotter());
+    let mut times = Vec::new();
+    for _ in 0..5 {
+        let start = Instant::now();
+        agent.pull(&reference, &digest).await.expect("pull");
+        times.push(start.elapsed().as_secs_f64() * 1000.0);
+        assert!(agent.image_present(&digest).await.expect("present"));
+        agent.remove_agent_image(&digest).await.expect("remove");
+    }
+    println!(
+        "containerd {} ({}): pull + unpack of 10 MB by digest: median {:.0} ms, runs {:?}",
+        tier.version,
+        snapshotter(),
+        median(times.clone()),
+        times.iter().map(|t| t.round()).collect::<Vec<_>>()
+    );
+}
+
+async fn systemd_restarts() {
+    let c = Container::up(&format!("fxbench-{}", std::process::id()));
+    let sd = DbusSystemd::at_address(&c.bus)
+        .await
+        .expect("connect")
+        .with_unit_dir(&c.units)
+        .with_job_timeout(Duration::from_secs(30));
+    let unit = "fx-bench.service";
+    sd.write_unit(
+        unit,
+        "[Unit]\nDescription=bench\nStartLimitIntervalSec=0\n\n[Service]\nExecStart=/bin/sleep infinity\n",
+    )
+    .await
+    .expect("write");
+    sd.daemon_reload().await.expect("reload");
+    sd.start(unit).await.expect("start");
+    let mut restarts = Vec::new();
+    for _ in 0..21 {
+        let t = Instant::now();
+        sd.restart(unit).await.expect("restart");
+        restarts.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let mut delays = Vec::new();
+    for _ in 0..5 {
+        let before = sd.active_since(unit).await.expect("since").expect("active");
+        let scheduled = now();
+        sd.schedule_restart(unit, 1000).await.expect("schedule");
+        let after = wait_for(Duration::from_secs(10), || async {
+            sd.active_since(unit)
+                .await
+                .expect("since")
+                .filter(|t| *t > before)
+        })
+        .await
+        .expect("restarted");
+        delays.push((after.millis() - scheduled.millis()) as f64);
+    }
+    println!(
+        "systemd: container boot {} ms; restart round trip median {:.1} ms (21 runs); \
+         transient-timer restart (1000 ms) scheduled -> active median {:.0} ms (5 runs)",
+        c.boot_ms,
+        median(restarts),
+        median(delays)
+    );
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    pull_10mb(Flavor::V1_6).await;
+    pull_10mb(Flavor::V2).await;
+    systemd_restarts().await;
+}

@@ -1,0 +1,458 @@
+"""e2e/host/lab.py — what the host-install suite (suite.py) stands on: the lab `e2e/run` brought
+up (its guest over ssh, its control plane over kubectl and HTTPS), the operation watch, and the
+small helpers every check uses. Python 3 stdlib only.
+"""
+
+import calendar
+import http.client
+import json
+import os
+import re
+import shlex
+import ssl
+import subprocess
+import threading
+import time
+import urllib.parse
+
+TERMINAL = ("Complete", "Failed")
+TERMINAL_REASONS = ("Succeeded", "InvalidParameters", "ExecutionFailed", "DaemonFailed",
+                    "UnsupportedOperation")
+SLOT_RE = re.compile(r"^/opt/flexnode/lib/flexnode-(blue|green)$")
+
+
+def slot_path(link):
+    """The absolute slot directory a link under /opt/flexnode names ('' for none)."""
+    if not link:
+        return ""
+    return os.path.normpath(os.path.join("/opt/flexnode", link))
+
+
+MSG_UPGRADE_DONE = "AgentUpgrade completed"
+MSG_REBOOT_DONE = "NodeReboot completed"
+MSG_RESET_DONE = "AgentReset completed"
+
+
+class Fail(Exception):
+    pass
+
+
+def need(cond, msg):
+    if not cond:
+        raise Fail(msg)
+
+
+def detail(msg):
+    print("    " + msg, flush=True)
+
+
+def wait_until(desc, fn, timeout, interval=2.0):
+    """Calls fn until it returns a truthy value; Fail after timeout (with the last value)."""
+    deadline = time.time() + timeout
+    last = None
+    while True:
+        try:
+            v = fn()
+        except Fail as e:
+            last = str(e)
+        except subprocess.TimeoutExpired as e:
+            last = "timeout: %s" % e
+        else:
+            if v:
+                return v
+            last = repr(v)
+        if time.time() > deadline:
+            raise Fail("timed out after %ds waiting for %s (last: %s)" % (timeout, desc, last))
+        time.sleep(interval)
+
+
+def parse_time(s):
+    """RFC 3339 (as the API writes metav1.Time) -> unix seconds."""
+    if not s:
+        return None
+    s = s.rstrip("Z").split(".")[0].split("+")[0]
+    return calendar.timegm(time.strptime(s, "%Y-%m-%dT%H:%M:%S"))
+
+
+# ------------------------------------------------------------------------------------ the lab
+
+class Lab:
+    def __init__(self, d):
+        self.dir = d
+        st = {}
+        with open(os.path.join(d, "state")) as fh:
+            for line in fh:
+                k, _, v = line.rstrip("\n").partition("=")
+                st[k] = v
+        self.st = st
+        self.node = st["NODE"]
+        self.guest = st["GUEST"]
+        self.kubectl_bin = st["KUBECTL"]
+        self.kubeconfig = st["KUBECONFIG"]
+        self.flexnode = st["FLEXNODE_BIN"]
+        self.art = st["GUEST_ART"]
+        self.sha_good = st["SHA_GOOD"]      # the next build (VERSION_NEXT)
+        self.sha_base = st["SHA_BASE"]      # the installed build (VERSION_BASE)
+        self.sha_broken = st["SHA_BROKEN"]
+        self.ver_base = st["VERSION_BASE"]
+        self.ver_next = st["VERSION_NEXT"]
+        self.repo = st["REPO"]
+        self.cp_dir = st["CP_DIR"]
+        self.qemu_run = os.path.join(self.repo, "e2e/qemu/run")
+        self.art_log = os.path.join(d, "logs/artifacts.log")
+        self.ctl = os.path.join(d, "ssh-master")
+        self.master = None
+        self.key = st["KEY"]
+        self.set_port(st["SSH_PORT"])
+
+    def set_port(self, port):
+        self.ssh_opts = [
+            "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+            "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+            "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=4",
+            "-o", "ControlPath=" + self.ctl, "-i", self.key, "-p", str(port)]
+
+    def refresh_port(self):
+        """After a cold boot the guest's ssh port may have moved (e2e/qemu/run retries a taken one)."""
+        self.drop_ssh()
+        self.set_port(self.qemu("port", self.guest))
+
+    # -- guest access
+    def _master_up(self):
+        if self.master is not None and self.master.poll() is None:
+            return
+        self.master = subprocess.Popen(
+            ["ssh", *self.ssh_opts, "-o", "ControlMaster=yes", "-o", "ControlPersist=no", "-N",
+             "root@127.0.0.1"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
+        for _ in range(60):
+            if os.path.exists(self.ctl):
+                return
+            if self.master.poll() is not None:
+                return  # guest not reachable now; clients connect directly (and fail or not)
+            time.sleep(0.25)
+
+    def drop_ssh(self):
+        """Ends our ssh control master (before a power cut or reboot: it would hang on a dead peer)."""
+        if self.master is not None and self.master.poll() is None:
+            self.master.terminate()
+            try:
+                self.master.wait(5)
+            except subprocess.TimeoutExpired:
+                self.master.kill()
+                self.master.wait()
+        self.master = None
+        try:
+            os.unlink(self.ctl)
+        except OSError:
+            pass
+
+    def ssh(self, script, timeout=120, inp=None):
+        """(rc, stdout, stderr) of a root shell script in the guest, run under `set -e`."""
+        self._master_up()
+        p = subprocess.run(["ssh", *self.ssh_opts, "-o", "ControlMaster=no", "root@127.0.0.1",
+                            "set -e\n" + script],
+                           input=inp, capture_output=True, text=True, timeout=timeout)
+        return p.returncode, p.stdout, p.stderr
+
+    def sh(self, script, timeout=120, inp=None):
+        rc, out, err = self.ssh(script, timeout, inp)
+        if rc != 0:
+            raise Fail("guest command failed (rc %d): %s: %s" % (rc, script[:120], (err or out).strip()[-400:]))
+        return out
+
+    def qemu(self, *args, timeout=600):
+        p = subprocess.run([self.qemu_run, *args], capture_output=True, text=True, timeout=timeout)
+        if p.returncode != 0:
+            raise Fail("e2e/qemu/run %s failed: %s" % (" ".join(args), (p.stderr or p.stdout).strip()[-600:]))
+        return p.stdout.strip()
+
+    # -- guest facts
+    def facts(self):
+        """One ssh round trip: links, the agent unit, kube1, boot_id."""
+        out = self.sh(r"""
+for l in current last-good bin/flexnode; do echo "link.$l=$(readlink /opt/flexnode/$l 2>/dev/null)"; done
+echo "exists.bin=$(test -e /opt/flexnode/bin/flexnode && echo yes || echo no)"
+systemctl show flexnode-agent -p ActiveState,SubState,MainPID,NRestarts,Result,ExecMainStartTimestamp,LoadState | sed 's/^/agent./'
+systemctl show systemd-nspawn@kube1 -p ActiveState,MainPID,ActiveEnterTimestampMonotonic | sed 's/^/kube1./'
+echo "machine.kube1=$(machinectl show kube1 -p Timestamp --value 2>/dev/null)"
+echo "boot_id=$(cat /proc/sys/kernel/random/boot_id)"
+pid=$(systemctl show -P MainPID flexnode-agent)
+if [ "$pid" != 0 ]; then echo "agent.exe=$(readlink /proc/$pid/exe 2>/dev/null || true)"; fi
+""")
+        f = {}
+        for line in out.splitlines():
+            k, _, v = line.partition("=")
+            f[k] = v
+        return f
+
+    def current(self):
+        return self.facts().get("link.current", "")
+
+    def agent_active(self, pid_not=None):
+        f = self.facts()
+        ok = f.get("agent.ActiveState") == "active" and f.get("agent.MainPID", "0") != "0"
+        if ok and pid_not is not None and f.get("agent.MainPID") == pid_not:
+            return None
+        return f if ok else None
+
+    def wait_agent(self, timeout=300, pid_not=None):
+        return wait_until("flexnode-agent active" + (" with a new MainPID" if pid_not else ""),
+                          lambda: self.agent_active(pid_not), timeout, 3)
+
+    def status_json(self):
+        return json.loads(self.sh("/opt/flexnode/bin/flexnode status -o json", 60))
+
+    def journal(self, args="", timeout=120):
+        return self.sh("journalctl --no-pager %s" % args, timeout)
+
+    def cursor(self):
+        """The guest journal's position now: journal_after(cursor) reads what came later."""
+        out = self.sh("journalctl --no-pager -n 0 --show-cursor")
+        m = re.search(r"-- cursor: (\S+)", out)
+        need(m, "no journal cursor: %r" % out)
+        return m.group(1)
+
+    def journal_after(self, cursor, args="", timeout=120):
+        return self.sh("journalctl --no-pager --after-cursor=%s %s" % (shlex.quote(cursor), args), timeout)
+
+    def agent_decided(self, timeout=300):
+        """The running daemon's own account that it has listed this node's operations (both
+        watches) and decided about each: the positive signal before a negative check. Read
+        from the journal of its own PID, so it is this daemon's, not an earlier one's.
+        Returns those journal lines."""
+        def listed():
+            f = self.agent_active()
+            if not f:
+                return None
+            out = self.journal("-b _PID=%s -o cat" % f.get("agent.MainPID"))
+            lines = [l for l in out.splitlines() if "operations listed" in l]
+            seen = {w for w in ("own", "selector") for l in lines if "watch=%s" % w in l}
+            return lines if len(seen) == 2 else None
+        return wait_until("the daemon's 'operations listed' journal lines", listed, timeout, 2)
+
+    def version(self, path="/opt/flexnode/current/flexnode"):
+        return self.sh("%s version" % path).strip()
+
+    # -- API
+    def kubectl(self, *args, inp=None, timeout=60):
+        p = subprocess.run([self.kubectl_bin, "--kubeconfig", self.kubeconfig, *args],
+                           input=inp, capture_output=True, text=True, timeout=timeout)
+        return p.returncode, p.stdout, p.stderr
+
+    def get_op(self, name):
+        rc, out, err = self.kubectl("get", "machineoperations", name, "-o", "json")
+        if rc != 0:
+            if "NotFound" in err or "not found" in err:
+                return None
+            raise Fail("kubectl get machineoperation %s: %s" % (name, err.strip()))
+        return json.loads(out)
+
+    def op_create(self, kind, name, url=None, sha=None):
+        args = [self.flexnode, "op", "--kubeconfig", self.kubeconfig, "create", kind,
+                "--node", self.node, "--name", name]
+        if url:
+            args += ["--url", url, "--sha256", sha]
+        p = subprocess.run(args, capture_output=True, text=True, timeout=60)
+        need(p.returncode == 0, "flexnode op create %s %s: rc %d: %s" % (kind, name, p.returncode,
+                                                                        (p.stderr or p.stdout).strip()))
+
+    def op_raw(self, name, kind, params=None):
+        """Creates the object with kubectl (no client-side validation: the AGENT must judge it)."""
+        spec = {"machineRef": self.node, "operationKind": kind}
+        if params is not None:
+            spec["parameters"] = params
+        obj = {"apiVersion": "unbounded-cloud.io/v1alpha3", "kind": "MachineOperation",
+               "metadata": {"name": name}, "spec": spec}
+        rc, out, err = self.kubectl("create", "-f", "-", inp=json.dumps(obj))
+        need(rc == 0, "kubectl create %s: %s" % (name, err.strip()))
+
+    def machine(self):
+        rc, out, err = self.kubectl("get", "machines", self.node, "-o", "json")
+        return json.loads(out) if rc == 0 else None
+
+    def events_for(self, name):
+        rc, out, err = self.kubectl("get", "events.v1.events.k8s.io", "-A", "-o", "json")
+        if rc != 0:
+            return []
+        return [e for e in json.loads(out).get("items", [])
+                if (e.get("regarding") or {}).get("name") == name
+                and (e.get("regarding") or {}).get("kind") == "MachineOperation"]
+
+    def art_log_lines(self):
+        try:
+            with open(self.art_log) as fh:
+                return fh.read().splitlines()
+        except OSError:
+            return []
+
+
+def op_view(op):
+    """(phase, reason, message, completedAt, startedAt) of an operation object."""
+    st = (op or {}).get("status") or {}
+    reason = ""
+    for c in st.get("conditions") or []:
+        if c.get("type") == "Completed":
+            reason = c.get("reason", "")
+    return (st.get("phase") or "", reason, st.get("message") or "", st.get("completedAt") or "",
+            st.get("startedAt") or "")
+
+
+# ------------------------------------------------------------------------ operation watch
+
+OPS_PATH = "/apis/unbounded-cloud.io/v1alpha3/machineoperations"
+
+
+class Api:
+    """The lab's kube-apiserver over HTTPS with the admin certificate (stdlib only)."""
+
+    def __init__(self, cp_dir):
+        st = {}
+        with open(os.path.join(cp_dir, "state")) as fh:
+            for line in fh:
+                k, _, v = line.rstrip("\n").partition("=")
+                st[k] = v
+        u = urllib.parse.urlsplit(st["APISERVER_URL"])
+        self.host, self.port = u.hostname, u.port
+        pki = os.path.join(cp_dir, "pki")
+        self.ctx = ssl.create_default_context(cafile=os.path.join(pki, "ca.crt"))
+        self.ctx.load_cert_chain(os.path.join(pki, "admin.crt"), os.path.join(pki, "admin.key"))
+
+    def connect(self, timeout):
+        return http.client.HTTPSConnection(self.host, self.port, context=self.ctx, timeout=timeout)
+
+    def get(self, path, timeout=30):
+        c = self.connect(timeout)
+        try:
+            c.request("GET", path)
+            r = c.getresponse()
+            return r.status, json.loads(r.read() or b"{}")
+        finally:
+            c.close()
+
+
+class OpWatch(threading.Thread):
+    """Records every state of every MachineOperation from the start: a list, then a watch that
+    resumes from the last resourceVersion it saw (bookmarks included) whenever the stream
+    ends, so no event falls between two streams. A resume is accounted for; a watch the API
+    server can no longer resume (410 Gone: events were compacted away) is a gap, which
+    `gaps` keeps and the final check fails on."""
+
+    def __init__(self, lab):
+        super().__init__(daemon=True)
+        self.api = Api(lab.cp_dir)
+        self.hist = {}  # name -> [(t, phase, reason, message, completedAt, startedAt, uid)]
+        self.rv_seen = {}  # name -> newest resourceVersion seen
+        self.lock = threading.Lock()
+        self.stopping = False
+        self.conn = None
+        self.resumes = 0
+        self.gaps = []
+        self.listed = threading.Event()
+
+    def run(self):
+        rv = None
+        while not self.stopping:
+            try:
+                if rv is None:
+                    status, lst = self.api.get(OPS_PATH)
+                    if status != 200:
+                        raise OSError("list: HTTP %d" % status)
+                    for obj in lst.get("items") or []:
+                        self._record(obj)
+                    rv = lst["metadata"]["resourceVersion"]
+                    self.listed.set()
+                rv = self._stream(rv)
+                if rv is not None:
+                    self.resumes += 1
+            except (OSError, http.client.HTTPException, ValueError, KeyError) as e:
+                if self.stopping:
+                    return
+                self.resumes += 1
+                time.sleep(1)
+                if rv is None:
+                    self.gaps.append("%s: list failed: %s" % (time.strftime("%H:%M:%S"), e))
+
+    def _stream(self, rv):
+        """Follows one watch stream from `rv`; returns where to resume, None to re-list."""
+        self.conn = self.api.connect(timeout=120)
+        try:
+            self.conn.request("GET", "%s?watch=1&allowWatchBookmarks=true&timeoutSeconds=240"
+                                     "&resourceVersion=%s" % (OPS_PATH, rv))
+            r = self.conn.getresponse()
+            if r.status == 410:
+                self.gaps.append("%s: watch from %s: 410 Gone" % (time.strftime("%H:%M:%S"), rv))
+                return None
+            if r.status != 200:
+                raise OSError("watch: HTTP %d" % r.status)
+            while True:
+                line = r.readline()
+                if not line:
+                    return rv
+                ev = json.loads(line)
+                obj = ev.get("object") or {}
+                if ev.get("type") == "ERROR":
+                    if obj.get("code") == 410:
+                        self.gaps.append("%s: watch from %s: %s" % (time.strftime("%H:%M:%S"), rv,
+                                                                   obj.get("message")))
+                        return None
+                    raise OSError("watch error: %s" % obj.get("message"))
+                rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                if ev.get("type") in ("ADDED", "MODIFIED"):
+                    self._record(obj)
+        finally:
+            self.conn.close()
+
+    def _record(self, obj):
+        meta = obj.get("metadata") or {}
+        name = meta.get("name")
+        if not name:
+            return
+        phase, reason, msg, done, started = op_view(obj)
+        row = (time.time(), phase, reason, msg, done, started, meta.get("uid"))
+        with self.lock:
+            self.rv_seen[name] = max(self.rv_seen.get(name, 0), int(meta.get("resourceVersion") or 0))
+            h = self.hist.setdefault(name, [])
+            if not h or h[-1][1:] != row[1:]:
+                h.append(row)
+
+    def stop(self):
+        self.stopping = True
+        c = self.conn
+        if c is not None and c.sock is not None:
+            try:
+                c.sock.shutdown(2)
+            except OSError:
+                pass
+
+    def caught_up(self, name, rv):
+        with self.lock:
+            return self.rv_seen.get(name, 0) >= rv
+
+    def history(self, name):
+        with self.lock:
+            return list(self.hist.get(name, []))
+
+    def names(self):
+        with self.lock:
+            return list(self.hist)
+
+    def violations(self, name):
+        """Ways `name` had more than one terminal result or left a terminal phase."""
+        h = self.history(name)
+        bad = []
+        first = None
+        for row in h:
+            _, phase, reason, msg, done, _, uid = row
+            if first is None:
+                if phase in TERMINAL:
+                    first = row
+                continue
+            if uid != first[6]:
+                continue
+            if phase not in TERMINAL:
+                bad.append("went back to %r after %s/%s" % (phase or "(none)", first[1], first[2]))
+            elif (phase, reason, done) != (first[1], first[2], first[4]):
+                bad.append("second terminal result %s/%s at %s after %s/%s at %s"
+                           % (phase, reason, done, first[1], first[2], first[4]))
+        return bad
