@@ -370,8 +370,10 @@ class OpWatch(threading.Thread):
                     return
                 self.resumes += 1
                 time.sleep(1)
-                if rv is None:
-                    self.gaps.append("%s: list failed: %s" % (time.strftime("%H:%M:%S"), e))
+                # A list that fails before the first one succeeded misses nothing (the checks
+                # start after it); a re-list after a 410 was already counted as that gap.
+                if rv is None and self.listed.is_set():
+                    self.gaps.append("%s: re-list failed: %s" % (time.strftime("%H:%M:%S"), e))
 
     def _stream(self, rv):
         """Follows one watch stream from `rv`; returns where to resume, None to re-list."""
