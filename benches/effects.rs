@@ -2,7 +2,8 @@
 //! Each prints medians; `docs/benchmarks.md` records them.
 //!
 //! - containerd: pull + unpack of a 10 MB, 2-layer image by digest, 5 runs, on containerd 1.6
-//!   and 2.x (the image is removed between runs);
+//!   and 2.x (the image is removed between runs): flexnode over plain http and over TLS with
+//!   the token flow, and `ctr images pull` (client-side, and 2.x's Transfer service);
 //! - systemd (a booted nspawn container): the D-Bus restart round trip (21 runs) and the
 //!   transient-timer restart with a 1000 ms delay (5 runs).
 //!
@@ -11,10 +12,12 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use flexnode::effects::containerd::GrpcContainerd;
+use flexnode::effects::containerd::{GrpcContainerd, RegistryConfig};
+use flexnode::effects::http::Trust;
 use flexnode::effects::systemd::DbusSystemd;
 use flexnode::effects::{Containerd, Systemd};
 use flexnode::machine::Timestamp;
+use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use support::containerd::{Flavor, NS, Tier, snapshotter};
 use support::nspawn::Container;
@@ -32,29 +35,94 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+fn ms(start: Instant) -> f64 {
+    start.elapsed().as_secs_f64() * 1000.0
+}
+
+fn report(what: &str, times: &[f64]) {
+    println!(
+        "{what}: median {:.0} ms, runs {:?}",
+        median(times.to_vec()),
+        times.iter().map(|t| t.round()).collect::<Vec<_>>()
+    );
+}
+
+/// `ctr` against the tier's daemon; panics when it fails.
+fn ctr(tier: &Tier, args: &[&str]) {
+    let out = Command::new(&tier.ctr)
+        .arg("-a")
+        .arg(&tier.socket)
+        .args(["-n", NS])
+        .args(args)
+        .output()
+        .expect("ctr");
+    assert!(
+        out.status.success(),
+        "ctr {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Pull + unpack of a 10 MB, 2-layer image by digest, 5 runs each, the image removed (with
+/// synchronous garbage collection) between runs: flexnode from the plain-HTTP registry (the
+/// row earlier builds measured), flexnode from the TLS registry with the token flow, and
+/// containerd's own pulls through `ctr` (client-side; on 2.x also the Transfer service).
 async fn pull_10mb(flavor: Flavor) {
     let tier = Tier::up(flavor);
+    let secure = tier.secure();
     let digest = tier.image("e2e/big:v1", 10, false);
-    let reference = tier.reference("e2e/big", &digest);
+    let label = format!("containerd {} ({})", tier.version, snapshotter());
     let agent = GrpcContainerd::connect(&tier.socket, NS)
         .await
         .expect("connect")
-        .with_snapshotter(&snapshotter());
-    let mut times = Vec::new();
-    for _ in 0..5 {
-        let start = Instant::now();
-        agent.pull(&reference, &digest).await.expect("pull");
-        times.push(start.elapsed().as_secs_f64() * 1000.0);
-        assert!(agent.image_present(&digest).await.expect("present"));
-        agent.remove_agent_image(&digest).await.expect("remove");
+        .with_snapshotter(&snapshotter())
+        .with_registry(RegistryConfig {
+            trust: Trust {
+                extra_ca_file: Some(secure.lab_ca.clone()),
+            },
+            credentials: Some(secure.credentials.clone()),
+        });
+    for (what, registry) in [
+        ("plain http", &tier.registry),
+        ("TLS + token", &secure.token),
+    ] {
+        let reference = format!("{registry}/e2e/big@{}", digest.oci());
+        let mut times = Vec::new();
+        for _ in 0..5 {
+            let start = Instant::now();
+            agent.pull(&reference, &digest).await.expect("pull");
+            times.push(ms(start));
+            assert!(agent.image_present(&digest).await.expect("present"));
+            agent.remove_agent_image(&digest).await.expect("remove");
+        }
+        report(&format!("{label}: flexnode pull, {what}"), &times);
     }
-    println!(
-        "containerd {} ({}): pull + unpack of 10 MB by digest: median {:.0} ms, runs {:?}",
-        tier.version,
-        snapshotter(),
-        median(times.clone()),
-        times.iter().map(|t| t.round()).collect::<Vec<_>>()
-    );
+    let reference = tier.reference("e2e/big", &digest);
+    let snapshotter = snapshotter();
+    let mut ways: Vec<(&str, Vec<&str>)> = Vec::new();
+    match flavor {
+        Flavor::V1_6 => ways.push(("ctr images pull (client-side)", vec!["--plain-http"])),
+        Flavor::V2 => {
+            ways.push(("ctr images pull (Transfer service)", vec!["--plain-http"]));
+            ways.push((
+                "ctr images pull --local (client-side)",
+                vec!["--plain-http", "--local"],
+            ));
+        }
+    }
+    for (what, flags) in ways {
+        let mut times = Vec::new();
+        for _ in 0..5 {
+            let mut args = vec!["images", "pull", "--snapshotter", &snapshotter];
+            args.extend(&flags);
+            args.push(&reference);
+            let start = Instant::now();
+            ctr(&tier, &args);
+            times.push(ms(start));
+            ctr(&tier, &["images", "rm", "--sync", &reference]);
+        }
+        report(&format!("{label}: {what}, plain http"), &times);
+    }
 }
 
 async fn systemd_restarts() {

@@ -4,12 +4,12 @@
 //!
 //!     cargo run --example simulated-lab [-- STORE_DIR]
 
-use flexnode::effects::sim::Build;
 use flexnode::machine::Timestamp;
+use flexnode::machine::agent::InstallMode;
 use flexnode::machine::input::ClaimKind;
-use flexnode::machine::state::InstallMode;
 use flexnode::report;
-use flexnode::simlab::{SimNode, upgrade};
+use flexnode::sim::Build;
+use flexnode::sim::{SimNode, upgrade};
 use flexnode::store::StoreReader;
 use std::path::{Path, PathBuf};
 

@@ -2,7 +2,7 @@
 //! Schema and the list of impossible settings: docs/config.md. An impossible setting is a
 //! `ConfigError` naming it; the CLI exits 78 for those, and the bootstrap unit never retries.
 
-use crate::machine::state::InstallMode;
+use crate::machine::agent::InstallMode;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 /// Where `join` installs the rendered configuration and the node's credential.
 pub const CONFIG_PATH: &str = "/etc/flexnode/config.yaml";
 pub const KUBECONFIG_PATH: &str = "/etc/flexnode/kubeconfig";
+pub const TRUSTED_CA_PATH: &str = "/etc/flexnode/trusted-ca.pem";
+pub const REGISTRY_CREDENTIALS_PATH: &str = "/etc/flexnode/registry-credentials.json";
 /// Config files are refused above this size (they are a few hundred bytes).
 const MAX_FILE: u64 = 1 << 20;
 
@@ -27,6 +29,14 @@ pub struct ConfigFile {
     pub kubernetes_version: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub install_mode: Option<String>,
+    #[serde(
+        default,
+        rename = "trustedCAFile",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub trusted_ca_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry_credentials_file: Option<PathBuf>,
 }
 
 /// A validated configuration: every field usable as is.
@@ -36,6 +46,10 @@ pub struct Config {
     pub kubeconfig: PathBuf,
     pub kubernetes_version: String,
     pub install_mode: InstallMode,
+    /// Certificates trusted for https downloads and registries beyond the system store.
+    pub trusted_ca_file: Option<PathBuf>,
+    /// Registry credentials (Docker `config.json` shape), private to root.
+    pub registry_credentials_file: Option<PathBuf>,
 }
 
 /// A setting that cannot work. Never carries file contents (a kubeconfig holds a key).
@@ -82,13 +96,22 @@ impl Config {
         file.validate(hostname)
     }
 
-    /// The file `join` installs: the same settings, the credential at its installed path.
+    /// The file `join` installs: the same settings, the files it copies at their installed
+    /// paths.
     pub fn rendered(&self) -> ConfigFile {
         ConfigFile {
             node_name: Some(self.node_name.clone()),
             kubeconfig: Some(PathBuf::from(KUBECONFIG_PATH)),
             kubernetes_version: Some(self.kubernetes_version.clone()),
             install_mode: Some(self.install_mode.as_str().to_string()),
+            trusted_ca_file: self
+                .trusted_ca_file
+                .as_ref()
+                .map(|_| PathBuf::from(TRUSTED_CA_PATH)),
+            registry_credentials_file: self
+                .registry_credentials_file
+                .as_ref()
+                .map(|_| PathBuf::from(REGISTRY_CREDENTIALS_PATH)),
         }
     }
 }
@@ -134,47 +157,26 @@ impl ConfigFile {
             )
         })?;
         check_kubeconfig(&kubeconfig)?;
+        if let Some(path) = &self.trusted_ca_file {
+            check_trusted_ca(path)?;
+        }
+        if let Some(path) = &self.registry_credentials_file {
+            check_registry_credentials(path)?;
+        }
         Ok(Config {
             node_name,
             kubeconfig,
             kubernetes_version,
             install_mode,
+            trusted_ca_file: self.trusted_ca_file,
+            registry_credentials_file: self.registry_credentials_file,
         })
     }
 }
 
 /// The credential must be a private, readable kubeconfig naming a server and a user.
 fn check_kubeconfig(path: &Path) -> Result<(), ConfigError> {
-    if !path.is_absolute() {
-        return Err(bad("kubeconfig", "must be an absolute path"));
-    }
-    let meta = std::fs::metadata(path)
-        .map_err(|e| bad("kubeconfig", format!("{}: {e}", path.display())))?;
-    if !meta.is_file() {
-        return Err(bad(
-            "kubeconfig",
-            format!("{} is not a regular file", path.display()),
-        ));
-    }
-    if meta.permissions().mode() & 0o077 != 0 {
-        return Err(bad(
-            "kubeconfig",
-            format!(
-                "{} holds a private key and must not be accessible by group or others \
-                 (chmod 600)",
-                path.display()
-            ),
-        ));
-    }
-    if process_uid().is_some_and(|uid| meta.uid() != uid) {
-        return Err(bad(
-            "kubeconfig",
-            format!(
-                "{} must be owned by the user running flexnode",
-                path.display()
-            ),
-        ));
-    }
+    check_private_file("kubeconfig", path, "holds a private key")?;
     let text = read_small(path, "kubeconfig")?;
     let kc = kube::config::Kubeconfig::from_yaml(&text).map_err(|_| {
         bad(
@@ -190,6 +192,79 @@ fn check_kubeconfig(path: &Path) -> Result<(), ConfigError> {
         return Err(bad(
             "kubeconfig",
             format!("{} names no API server or no user", path.display()),
+        ));
+    }
+    Ok(())
+}
+
+/// A secret's file: absolute, a regular file, owned by this user, not readable by others.
+fn check_private_file(setting: &str, path: &Path, holds: &str) -> Result<(), ConfigError> {
+    let meta = regular_file(setting, path)?;
+    if meta.permissions().mode() & 0o077 != 0 {
+        return Err(bad(
+            setting,
+            format!(
+                "{} {holds} and must not be accessible by group or others (chmod 600)",
+                path.display()
+            ),
+        ));
+    }
+    if process_uid().is_some_and(|uid| meta.uid() != uid) {
+        return Err(bad(
+            setting,
+            format!(
+                "{} must be owned by the user running flexnode",
+                path.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn regular_file(setting: &str, path: &Path) -> Result<std::fs::Metadata, ConfigError> {
+    if !path.is_absolute() {
+        return Err(bad(setting, "must be an absolute path"));
+    }
+    let meta =
+        std::fs::metadata(path).map_err(|e| bad(setting, format!("{}: {e}", path.display())))?;
+    if !meta.is_file() {
+        return Err(bad(
+            setting,
+            format!("{} is not a regular file", path.display()),
+        ));
+    }
+    Ok(meta)
+}
+
+/// PEM certificates, at least one.
+fn check_trusted_ca(path: &Path) -> Result<(), ConfigError> {
+    const SETTING: &str = "trustedCAFile";
+    regular_file(SETTING, path)?;
+    let pem = read_small(path, SETTING)?;
+    match reqwest::Certificate::from_pem_bundle(pem.as_bytes()) {
+        Ok(certs) if !certs.is_empty() => Ok(()),
+        _ => Err(bad(
+            SETTING,
+            format!("{} holds no PEM certificate", path.display()),
+        )),
+    }
+}
+
+/// A private JSON file with an `auths` map (its contents are never echoed: they are
+/// passwords).
+fn check_registry_credentials(path: &Path) -> Result<(), ConfigError> {
+    const SETTING: &str = "registryCredentialsFile";
+    check_private_file(SETTING, path, "holds passwords")?;
+    let text = read_small(path, SETTING)?;
+    let doc: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|_| bad(SETTING, format!("{} is not valid JSON", path.display())))?;
+    if !doc.get("auths").is_some_and(serde_json::Value::is_object) {
+        return Err(bad(
+            SETTING,
+            format!(
+                "{} has no \"auths\" object (the Docker config.json shape)",
+                path.display()
+            ),
         ));
     }
     Ok(())
@@ -326,6 +401,73 @@ mod tests {
         .expect_err("group-readable credential");
         assert!(e.message.contains("chmod 600"), "{e}");
         assert!(!e.to_string().contains("SECRETTOKEN"));
+    }
+
+    #[test]
+    fn trust_and_registry_credentials_are_checked_at_load() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let kc = kubeconfig(dir.path(), 0o600);
+        let base = format!("kubeconfig: {}\nkubernetesVersion: v1.34.1\n", kc.display());
+        let file = |name: &str, text: &str, mode: u32| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, text).expect("write");
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).expect("chmod");
+            p
+        };
+        let not_pem = file("ca.txt", "not a certificate", 0o644);
+        assert_eq!(
+            setting(&format!("{base}trustedCAFile: {}\n", not_pem.display())),
+            "trustedCAFile"
+        );
+        assert_eq!(
+            setting(&format!("{base}trustedCAFile: relative.pem\n")),
+            "trustedCAFile"
+        );
+        let secret = r#"{"auths": {"r.example": {"auth": "dTpTM0NSRVQ="}}}"#;
+        let open = file("open.json", secret, 0o644);
+        let e = Config::parse(
+            &format!("{base}registryCredentialsFile: {}\n", open.display()),
+            "h",
+        )
+        .expect_err("readable by others");
+        assert_eq!(e.setting, "registryCredentialsFile");
+        assert!(e.message.contains("chmod 600"), "{e}");
+        let shapeless = file("shapeless.json", r#"{"S3CRET": 1}"#, 0o600);
+        let e = Config::parse(
+            &format!("{base}registryCredentialsFile: {}\n", shapeless.display()),
+            "h",
+        )
+        .expect_err("no auths");
+        assert!(
+            e.message.contains("auths") && !e.to_string().contains("S3CRET"),
+            "{e}"
+        );
+        let private = file("auth.json", secret, 0o600);
+        let c = Config::parse(
+            &format!(
+                "{base}registryCredentialsFile: {}\ntrustedCAFile: {}\n",
+                private.display(),
+                kc.display()
+            ),
+            "h",
+        );
+        // A kubeconfig is no certificate either.
+        assert_eq!(c.expect_err("not PEM").setting, "trustedCAFile");
+        let c = Config::parse(
+            &format!("{base}registryCredentialsFile: {}\n", private.display()),
+            "h",
+        )
+        .expect("valid");
+        assert_eq!(
+            c.registry_credentials_file.as_deref(),
+            Some(private.as_path())
+        );
+        let r = c.rendered();
+        assert_eq!(
+            r.registry_credentials_file.as_deref(),
+            Some(Path::new(REGISTRY_CREDENTIALS_PATH))
+        );
+        assert_eq!(r.trusted_ca_file, None);
     }
 
     #[test]

@@ -2,7 +2,7 @@ use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let cli = flexnode::cli::Cli::parse();
+    let cli = flexnode::cli::command::Cli::parse();
     // Commands that change the node log what they do; read-only ones only warnings.
     let level = if cli.command.changes_node() {
         "info"
@@ -17,5 +17,5 @@ fn main() -> ExitCode {
         // journald and pipes get plain text; colours only on a terminal.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    flexnode::cli::run(cli)
+    flexnode::cli::command::run(cli)
 }

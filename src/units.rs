@@ -1,7 +1,7 @@
 //! The agent's systemd units per install mode, in the order they are written: dependencies
 //! first, so `OnFailure=` never names a unit that does not exist yet.
 
-use crate::machine::state::InstallMode;
+use crate::machine::agent::InstallMode;
 
 const HOST: &[(&str, &str)] = &[
     (

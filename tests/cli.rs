@@ -1,9 +1,9 @@
 //! The `flexnode` binary: status and history read the store directly (daemon not needed).
 
-use flexnode::effects::sim::Build;
 use flexnode::machine::Timestamp;
-use flexnode::machine::state::InstallMode;
-use flexnode::simlab::{SimNode, upgrade};
+use flexnode::machine::agent::InstallMode;
+use flexnode::sim::Build;
+use flexnode::sim::{SimNode, upgrade};
 use std::process::{Command, Output};
 
 fn flexnode(args: &[&str]) -> Output {

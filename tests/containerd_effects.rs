@@ -1,5 +1,5 @@
-//! The containerd effects against a real containerd and a plain-HTTP registry on 127.0.0.1
-//! (`e2e/containerd/run`), each test once with Debian's containerd 1.6 (`…::v1_6::`) and
+//! The containerd effects against a real containerd and docker-registry on 127.0.0.1
+//! (`e2e/containerd/run`: plain HTTP, and over TLS with basic or token auth), each test once with Debian's containerd 1.6 (`…::v1_6::`) and
 //! once with containerd 2.x built from `e2e/containerd/v2/go.mod` (`…::v2::`, built into the
 //! cache by `.ci/run`). A missing tier fails; skipped only with FLEXNODE_SKIP_CONTAINERD=1. Needs root.
 //!
@@ -21,10 +21,11 @@ mod support;
 
 use flexnode::effects::containerd::{
     BindMount, GrpcContainerd, MANAGED_LABEL, PROGRESS_EVERY, PULLED_BY_LABEL, PullProgress,
-    StopOutcome, TaskIo,
+    RegistryConfig, StopOutcome, TaskIo,
 };
+use flexnode::effects::http::Trust;
 use flexnode::effects::{Containerd, EffectError};
-use flexnode::machine::validate::Sha256Hex;
+use flexnode::machine::agent::Sha256Hex;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -60,6 +61,7 @@ macro_rules! both_versions {
 
 both_versions!(
     pull_by_digest_unpacks_is_idempotent_and_removable,
+    secure_registries_need_the_right_ca_and_credentials,
     index_digest_unpacks_the_host_platform,
     bad_pulls_fail_clearly_and_leave_nothing,
     images_not_pulled_by_the_agent_are_never_removed,
@@ -393,17 +395,178 @@ async fn bad_pulls_fail_clearly_and_leave_nothing(flavor: Flavor) {
     let (ok, leases) = tier.ctr(&["leases", "ls", "-q"]);
     assert!(ok && leases.trim().is_empty(), "leases left: {leases}");
 
-    // Non-loopback registries need HTTPS, which is not there yet; no request is made.
-    let remote = format!("registry.example.com/agent@{}", good.oci());
-    let m = failed(agent.pull(&remote, &good).await);
-    assert!(m.contains("HTTPS registries are not supported"), "{m}");
-
     // After all that, the good image still pulls.
     agent
         .pull(&tier.reference("e2e/agent", &good), &good)
         .await
         .expect("good pull");
     assert!(agent.image_present(&good).await.expect("present"));
+}
+
+/// The TLS registries: the right CA and credentials pull (basic auth with blobs redirected to
+/// another origin, and the Bearer token flow); no extra CA, the wrong CA, wrong or missing
+/// credentials and a credentials file others can read are refused, clearly, before anything is
+/// written, with no secret in the message.
+async fn secure_registries_need_the_right_ca_and_credentials(flavor: Flavor) {
+    let tier = Tier::up(flavor);
+    let ch = tier.channel().await;
+    let secure = tier.secure();
+    let wrong_password = std::fs::read_to_string(&secure.wrong_credentials)
+        .expect("wrong credentials")
+        .split('"')
+        .skip_while(|s| *s != "password")
+        .nth(2)
+        .expect("wrong password")
+        .to_string();
+    let no_secret = |m: &str| {
+        assert!(
+            !m.contains(&secure.password) && !m.contains(&wrong_password),
+            "a password in: {m}"
+        );
+    };
+
+    // Basic auth; every blob is answered with a redirect to the blob store on another port,
+    // which refuses a request carrying the credentials.
+    let basic = tier.image("e2e/basic:v1", 1, false);
+    let (manifest, layers, top_chain) = tier.expected_layout(&basic);
+    assert_eq!(manifest, basic.oci());
+    let reference = format!("{}/e2e/basic@{}", secure.basic, basic.oci());
+    registry_agent(&tier, Some(&secure.lab_ca), Some(&secure.credentials))
+        .await
+        .pull(&reference, &basic)
+        .await
+        .expect("basic-auth pull");
+    assert!(snapshot_exists(&ch, &top_chain).await);
+    let log = std::fs::read_to_string(&secure.aux_log).expect("aux log");
+    for layer in &layers {
+        let hex = layer.trim_start_matches("sha256:");
+        assert!(
+            log.lines()
+                .any(|l| l.contains(&format!("/{hex}/data 200 auth=no"))),
+            "layer {layer} was not fetched from the blob store without credentials:\n{log}"
+        );
+    }
+    assert!(!log.contains("auth=yes") || log.contains("/token"), "{log}");
+    assert!(
+        !log.contains(" 403 "),
+        "credentials followed a redirect:\n{log}"
+    );
+
+    // The token flow: the registry's challenge names registry-aux as the realm.
+    let token = tier.image("e2e/token:v1", 1, false);
+    let reference = format!("{}/e2e/token@{}", secure.token, token.oci());
+    registry_agent(&tier, Some(&secure.lab_ca), Some(&secure.credentials))
+        .await
+        .pull(&reference, &token)
+        .await
+        .expect("token pull");
+    assert!(
+        registry_agent(&tier, Some(&secure.lab_ca), Some(&secure.credentials))
+            .await
+            .image_present(&token)
+            .await
+            .expect("present")
+    );
+    let log = std::fs::read_to_string(&secure.aux_log).expect("aux log");
+    assert!(log.contains("GET /token 200 auth=yes"), "{log}");
+
+    // Refusals, each before anything is written.
+    let refused = tier.image("e2e/refused:v1", 1, false);
+    let records_before = records(&ch).await;
+    // (what, registry, extra CA, credentials file, the message says)
+    type Case<'a> = (
+        &'a str,
+        &'a str,
+        Option<&'a Path>,
+        Option<&'a Path>,
+        &'a [&'a str],
+    );
+    let cases: [Case; 5] = [
+        (
+            "no extra CA",
+            &secure.basic,
+            None,
+            Some(&secure.credentials),
+            &["TLS", "not signed by a CA this node trusts"],
+        ),
+        (
+            "the wrong CA",
+            &secure.token,
+            Some(&secure.other_ca),
+            Some(&secure.credentials),
+            &["TLS", "not signed by a CA this node trusts"],
+        ),
+        (
+            "wrong basic credentials",
+            &secure.basic,
+            Some(&secure.lab_ca),
+            Some(&secure.wrong_credentials),
+            &["HTTP 401", "wrong credentials"],
+        ),
+        (
+            "no basic credentials",
+            &secure.basic,
+            Some(&secure.lab_ca),
+            None,
+            &["HTTP 401"],
+        ),
+        (
+            "wrong token credentials",
+            &secure.token,
+            Some(&secure.lab_ca),
+            Some(&secure.wrong_credentials),
+            &["token service refused the credentials"],
+        ),
+    ];
+    for (what, registry, ca, credentials, expect) in cases {
+        let reference = format!("{registry}/e2e/refused@{}", refused.oci());
+        let m = failed(
+            registry_agent(&tier, ca, credentials)
+                .await
+                .pull(&reference, &refused)
+                .await,
+        );
+        eprintln!("{what}: {m}");
+        for e in expect {
+            assert!(m.contains(e), "{what}: {m}");
+        }
+        assert!(
+            m.contains(registry),
+            "{what}: the registry is not named: {m}"
+        );
+        no_secret(&m);
+        assert_eq!(records(&ch).await, records_before, "{what}");
+    }
+    let (ok, leases) = tier.ctr(&["leases", "ls", "-q"]);
+    assert!(ok && leases.trim().is_empty(), "leases left: {leases}");
+
+    // A credentials file others can read is refused, naming the fix.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&secure.credentials, std::fs::Permissions::from_mode(0o644))
+        .expect("chmod");
+    let reference = format!("{}/e2e/refused@{}", secure.basic, refused.oci());
+    let m = failed(
+        registry_agent(&tier, Some(&secure.lab_ca), Some(&secure.credentials))
+            .await
+            .pull(&reference, &refused)
+            .await,
+    );
+    assert!(m.contains("0600"), "{m}");
+    no_secret(&m);
+}
+
+/// An agent trusting `ca` besides the system store, with `credentials`.
+async fn registry_agent(
+    tier: &Tier,
+    ca: Option<&Path>,
+    credentials: Option<&Path>,
+) -> GrpcContainerd {
+    tier.agent().await.with_registry(RegistryConfig {
+        trust: Trust {
+            extra_ca_file: ca.map(Path::to_path_buf),
+        },
+        credentials: credentials.map(Path::to_path_buf),
+    })
 }
 
 async fn images_not_pulled_by_the_agent_are_never_removed(flavor: Flavor) {

@@ -6,8 +6,8 @@ mod support;
 use flexnode::api::Machine;
 use flexnode::api::MachineOperation;
 use flexnode::api::machine_operation::{MachineOperationSpec, OperationKind, OperationPhase};
-use flexnode::effects::sim::{Build, FaultKind, SimHost};
-use flexnode::machine::state::InstallMode;
+use flexnode::machine::agent::InstallMode;
+use flexnode::sim::{Build, FaultKind, SimHost};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Client;
@@ -37,13 +37,6 @@ fn spec(machine_ref: Option<&str>, kind: OperationKind) -> MachineOperationSpec 
     }
 }
 
-async fn create(client: &Client, name: &str, spec: MachineOperationSpec) -> MachineOperation {
-    Api::<MachineOperation>::all(client.clone())
-        .create(&PostParams::default(), &MachineOperation::new(name, spec))
-        .await
-        .expect("create op")
-}
-
 fn upgrade(url: &str, sha: &str) -> MachineOperationSpec {
     MachineOperationSpec {
         parameters: Some(BTreeMap::from([
@@ -58,39 +51,89 @@ fn phase(op: &MachineOperation) -> Option<OperationPhase> {
     op.status.as_ref().and_then(|s| s.phase)
 }
 
-async fn wait_for(
-    client: &Client,
-    name: &str,
-    secs: u64,
-    want: impl Fn(&MachineOperation) -> bool,
-) -> MachineOperation {
-    let api = Api::<MachineOperation>::all(client.clone());
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Ok(Some(op)) = api.get_opt(name).await {
-            if want(&op) {
-                return op;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{name} never got there: {:?}",
-                op.status
-            );
-        } else {
-            assert!(Instant::now() < deadline, "{name} missing");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+/// What every daemon test starts from: a lab control plane with the agents' RBAC, an admin
+/// client, and nodes joined on demand.
+struct Scenario {
+    lab: Lab,
+    client: Client,
 }
 
-async fn wait_terminal(client: &Client, name: &str) -> MachineOperation {
-    wait_for(client, name, 60, |op| {
-        matches!(
-            phase(op),
-            Some(OperationPhase::Complete | OperationPhase::Failed)
-        )
-    })
-    .await
+impl Scenario {
+    async fn up() -> Self {
+        let lab = Lab::up();
+        apply_rbac(&lab);
+        let client = admin(&lab).await;
+        Self { lab, client }
+    }
+
+    /// A Node and Machine `name` (with `labels`), joined in `mode`, its daemon running.
+    async fn node(&self, name: &str, labels: &[(&str, &str)], mode: InstallMode) -> Agent {
+        create_node_and_machine(&self.client, name, labels).await;
+        Agent::join(&self.lab, name, mode).await
+    }
+
+    fn ops(&self) -> Api<MachineOperation> {
+        Api::all(self.client.clone())
+    }
+
+    async fn create(&self, name: &str, spec: MachineOperationSpec) -> MachineOperation {
+        self.ops()
+            .create(&PostParams::default(), &MachineOperation::new(name, spec))
+            .await
+            .expect("create op")
+    }
+
+    async fn wait_for(
+        &self,
+        name: &str,
+        secs: u64,
+        want: impl Fn(&MachineOperation) -> bool,
+    ) -> MachineOperation {
+        let api = self.ops();
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            if let Ok(Some(op)) = api.get_opt(name).await {
+                if want(&op) {
+                    return op;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{name} never got there: {:?}",
+                    op.status
+                );
+            } else {
+                assert!(Instant::now() < deadline, "{name} missing");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The operation once Complete or Failed, its terminal status checked for consistency:
+    /// `startedAt` ≤ `completedAt`, and the Completed condition changed at `completedAt`.
+    async fn wait_terminal(&self, name: &str) -> MachineOperation {
+        let op = self
+            .wait_for(name, 60, |op| {
+                matches!(
+                    phase(op),
+                    Some(OperationPhase::Complete | OperationPhase::Failed)
+                )
+            })
+            .await;
+        let s = op.status.clone().expect("status");
+        let completed = s
+            .conditions
+            .as_ref()
+            .and_then(|c| c.iter().find(|c| c.type_ == "Completed"))
+            .expect("a Completed condition");
+        assert!(s.started_at.is_some(), "{name}: no startedAt");
+        assert!(s.started_at <= s.completed_at, "{name}: {s:?}");
+        assert_eq!(
+            s.completed_at.as_ref(),
+            Some(&completed.last_transition_time),
+            "{name}: completedAt and the condition's lastTransitionTime differ"
+        );
+        op
+    }
 }
 
 fn reason(op: &MachineOperation) -> String {
@@ -116,25 +159,19 @@ fn machine_restarts(host: &SimHost) -> usize {
     ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
 )]
 async fn claims_runs_and_publishes_operations() {
-    let lab = Lab::up();
-    apply_rbac(&lab);
-    let client = admin(&lab).await;
-    create_node_and_machine(
-        &client,
-        "edge-07",
-        &[("unbounded-cloud.io/site", "flex-site")],
-    )
-    .await;
-    let mut agent = Agent::join(&lab, "edge-07", InstallMode::Host).await;
+    let sc = Scenario::up().await;
+    let mut agent = sc
+        .node(
+            "edge-07",
+            &[("unbounded-cloud.io/site", "flex-site")],
+            InstallMode::Host,
+        )
+        .await;
 
     // NodeReboot addressed by name.
-    create(
-        &client,
-        "reboot-1",
-        spec(Some("edge-07"), OperationKind::NodeReboot),
-    )
-    .await;
-    let op = wait_terminal(&client, "reboot-1").await;
+    sc.create("reboot-1", spec(Some("edge-07"), OperationKind::NodeReboot))
+        .await;
+    let op = sc.wait_terminal("reboot-1").await;
     assert_eq!(phase(&op), Some(OperationPhase::Complete));
     assert_eq!(reason(&op), "True/Succeeded");
     let s = op.status.clone().expect("status");
@@ -145,7 +182,7 @@ async fn claims_runs_and_publishes_operations() {
     assert_eq!(machine_restarts(&agent.host), 1);
 
     // An Event was recorded for the operation.
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(sc.client.clone());
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let list = events.list(&Default::default()).await.expect("events");
@@ -164,14 +201,12 @@ async fn claims_runs_and_publishes_operations() {
     }
 
     // Another node's operation and another controller's kind are left untouched.
-    create(
-        &client,
+    sc.create(
         "reboot-other",
         spec(Some("edge-99"), OperationKind::NodeReboot),
     )
     .await;
-    create(
-        &client,
+    sc.create(
         "power-off",
         spec(Some("edge-07"), OperationKind::HostPowerOff),
     )
@@ -188,9 +223,9 @@ async fn claims_runs_and_publishes_operations() {
         }),
         ..spec(None, OperationKind::NodeReboot)
     };
-    create(&client, "reboot-by-label", by_label.clone()).await;
+    sc.create("reboot-by-label", by_label.clone()).await;
     assert_eq!(
-        reason(&wait_terminal(&client, "reboot-by-label").await),
+        reason(&sc.wait_terminal("reboot-by-label").await),
         "True/Succeeded"
     );
     let not_matching = MachineOperationSpec {
@@ -203,12 +238,11 @@ async fn claims_runs_and_publishes_operations() {
         }),
         ..spec(None, OperationKind::NodeReboot)
     };
-    create(&client, "reboot-elsewhere", not_matching).await;
+    sc.create("reboot-elsewhere", not_matching).await;
 
     // Invalid parameters: InvalidParameters, nothing staged, and no secret in the message.
     let before = agent.host.world().calls.len();
-    create(
-        &client,
+    sc.create(
         "upgrade-bad",
         MachineOperationSpec {
             machine_ref: Some("edge-07".into()),
@@ -216,7 +250,7 @@ async fn claims_runs_and_publishes_operations() {
         },
     )
     .await;
-    let op = wait_terminal(&client, "upgrade-bad").await;
+    let op = sc.wait_terminal("upgrade-bad").await;
     assert_eq!(reason(&op), "False/InvalidParameters");
     let msg = op.status.and_then(|s| s.message).unwrap_or_default();
     assert!(
@@ -231,25 +265,20 @@ async fn claims_runs_and_publishes_operations() {
     );
 
     // Deleted and recreated under the same name: a new operation, run again.
-    let first = Api::<MachineOperation>::all(client.clone())
-        .get("reboot-1")
-        .await
-        .expect("get");
-    Api::<MachineOperation>::all(client.clone())
+    let first = sc.ops().get("reboot-1").await.expect("get");
+    sc.ops()
         .delete("reboot-1", &DeleteParams::default())
         .await
         .expect("delete");
-    let recreated = create(
-        &client,
-        "reboot-1",
-        spec(Some("edge-07"), OperationKind::NodeReboot),
-    )
-    .await;
+    let recreated = sc
+        .create("reboot-1", spec(Some("edge-07"), OperationKind::NodeReboot))
+        .await;
     assert_ne!(first.metadata.uid, recreated.metadata.uid);
-    let op = wait_for(&client, "reboot-1", 60, |op| {
-        op.metadata.uid == recreated.metadata.uid && phase(op) == Some(OperationPhase::Complete)
-    })
-    .await;
+    let op = sc
+        .wait_for("reboot-1", 60, |op| {
+            op.metadata.uid == recreated.metadata.uid && phase(op) == Some(OperationPhase::Complete)
+        })
+        .await;
     assert_eq!(reason(&op), "True/Succeeded");
     assert_eq!(
         machine_restarts(&agent.host),
@@ -262,10 +291,10 @@ async fn claims_runs_and_publishes_operations() {
         ttl_seconds_after_finished: Some(1),
         ..spec(Some("edge-07"), OperationKind::NodeReboot)
     };
-    create(&client, "reboot-ttl", ttl).await;
+    sc.create("reboot-ttl", ttl).await;
     // It may finish and be deleted between two polls (only finished operations are deleted):
     // wait for the deletion, then check that it ran.
-    let api = Api::<MachineOperation>::all(client.clone());
+    let api = sc.ops();
     let deadline = Instant::now() + Duration::from_secs(30);
     while api.get_opt("reboot-ttl").await.expect("get").is_some() {
         assert!(Instant::now() < deadline, "TTL deletion did not happen");
@@ -291,18 +320,13 @@ async fn claims_runs_and_publishes_operations() {
     ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
 )]
 async fn agent_upgrade_hands_off_in_both_install_modes() {
-    let lab = Lab::up();
-    apply_rbac(&lab);
-    let client = admin(&lab).await;
-    create_node_and_machine(&client, "host-node", &[]).await;
-    create_node_and_machine(&client, "container-node", &[]).await;
-    let mut host = Agent::join(&lab, "host-node", InstallMode::Host).await;
-    let mut container = Agent::join(&lab, "container-node", InstallMode::Container).await;
+    let sc = Scenario::up().await;
+    let mut host = sc.node("host-node", &[], InstallMode::Host).await;
+    let mut container = sc.node("container-node", &[], InstallMode::Container).await;
     host.host.serve_artifact(URL, SHA, v2());
     container.host.serve_image(IMAGE, v2());
 
-    create(
-        &client,
+    sc.create(
         "up-host",
         MachineOperationSpec {
             machine_ref: Some("host-node".into()),
@@ -310,8 +334,7 @@ async fn agent_upgrade_hands_off_in_both_install_modes() {
         },
     )
     .await;
-    create(
-        &client,
+    sc.create(
         "up-image",
         MachineOperationSpec {
             machine_ref: Some("container-node".into()),
@@ -320,17 +343,15 @@ async fn agent_upgrade_hands_off_in_both_install_modes() {
     )
     .await;
     for (agent, op) in [(&mut host, "up-host"), (&mut container, "up-image")] {
-        wait_for(&client, op, 30, |o| {
-            phase(o) == Some(OperationPhase::InProgress)
-        })
-        .await;
+        sc.wait_for(op, 30, |o| phase(o) == Some(OperationPhase::InProgress))
+            .await;
         // Only the successor publishes: wait for the restart the old daemon scheduled.
         let deadline = Instant::now() + Duration::from_secs(30);
         while !agent.fire_restart_timer().await {
             assert!(Instant::now() < deadline, "{op}: no restart scheduled");
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        let done = wait_terminal(&client, op).await;
+        let done = sc.wait_terminal(op).await;
         assert_eq!(reason(&done), "True/Succeeded", "{op}");
         assert_eq!(
             done.status.and_then(|s| s.message).as_deref(),
@@ -342,21 +363,14 @@ async fn agent_upgrade_hands_off_in_both_install_modes() {
         machine_ref: Some("host-node".into()),
         ..upgrade(URL, SHA)
     };
-    create(&client, "up-a", to_host()).await;
-    create(&client, "up-b", to_host()).await;
-    wait_for(&client, "up-a", 30, |o| {
-        phase(o) == Some(OperationPhase::InProgress)
-    })
-    .await;
+    sc.create("up-a", to_host()).await;
+    sc.create("up-b", to_host()).await;
+    sc.wait_for("up-a", 30, |o| phase(o) == Some(OperationPhase::InProgress))
+        .await;
     // The daemon saw the second one and decided it waits: it says so (phase Pending).
-    wait_for(&client, "up-b", 30, |o| {
-        phase(o) == Some(OperationPhase::Pending)
-    })
-    .await;
-    let a = Api::<MachineOperation>::all(client.clone())
-        .get("up-a")
-        .await
-        .expect("get");
+    sc.wait_for("up-b", 30, |o| phase(o) == Some(OperationPhase::Pending))
+        .await;
+    let a = sc.ops().get("up-a").await.expect("get");
     assert_eq!(
         phase(&a),
         Some(OperationPhase::InProgress),
@@ -369,15 +383,15 @@ async fn agent_upgrade_hands_off_in_both_install_modes() {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         assert_eq!(
-            reason(&wait_terminal(&client, op).await),
+            reason(&sc.wait_terminal(op).await),
             "True/Succeeded",
             "{op}"
         );
     }
     // Scheduling the restart fails: switched back, with the fixed message.
     host.host.inject("schedule_restart", FaultKind::Fail, 0);
-    create(&client, "up-c", to_host()).await;
-    let done = wait_terminal(&client, "up-c").await;
+    sc.create("up-c", to_host()).await;
+    let done = sc.wait_terminal("up-c").await;
     assert_eq!(reason(&done), "False/ExecutionFailed");
     assert_eq!(
         done.status.and_then(|s| s.message).as_deref(),
@@ -393,32 +407,25 @@ async fn agent_upgrade_hands_off_in_both_install_modes() {
     ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
 )]
 async fn a_killed_daemon_and_an_unreachable_api_server_still_give_one_result() {
-    let lab = Lab::up();
-    apply_rbac(&lab);
-    let client = admin(&lab).await;
-    create_node_and_machine(&client, "edge-07", &[]).await;
-    let mut agent = Agent::join(&lab, "edge-07", InstallMode::Host).await;
+    let sc = Scenario::up().await;
+    let mut agent = sc.node("edge-07", &[], InstallMode::Host).await;
 
     // The process dies right after restarting the machine, before recording it.
     agent.host.inject("restart", FaultKind::CrashAfter, 0);
-    create(
-        &client,
+    sc.create(
         "reboot-crash",
         spec(Some("edge-07"), OperationKind::NodeReboot),
     )
     .await;
     agent.wait_exit().await;
-    let op = Api::<MachineOperation>::all(client.clone())
-        .get("reboot-crash")
-        .await
-        .expect("get");
+    let op = sc.ops().get("reboot-crash").await.expect("get");
     assert_eq!(
         phase(&op),
         Some(OperationPhase::InProgress),
         "died mid-operation"
     );
     agent.start();
-    let op = wait_terminal(&client, "reboot-crash").await;
+    let op = sc.wait_terminal("reboot-crash").await;
     assert_eq!(reason(&op), "True/Succeeded");
     assert_eq!(
         machine_restarts(&agent.host),
@@ -432,17 +439,16 @@ async fn a_killed_daemon_and_an_unreachable_api_server_still_give_one_result() {
         .world()
         .slow
         .insert("restart", Duration::from_secs(3));
-    create(
-        &client,
+    sc.create(
         "reboot-outage",
         spec(Some("edge-07"), OperationKind::NodeReboot),
     )
     .await;
-    wait_for(&client, "reboot-outage", 30, |o| {
+    sc.wait_for("reboot-outage", 30, |o| {
         phase(o) == Some(OperationPhase::InProgress)
     })
     .await;
-    let pid: i32 = std::fs::read_to_string(lab.dir.join("pids/kube-apiserver.pid"))
+    let pid: i32 = std::fs::read_to_string(sc.lab.dir.join("pids/kube-apiserver.pid"))
         .expect("pid")
         .trim()
         .parse()
@@ -452,7 +458,8 @@ async fn a_killed_daemon_and_an_unreachable_api_server_still_give_one_result() {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
         assert!(
-            cmdline.contains("kube-apiserver") && cmdline.contains(&lab.dir.display().to_string()),
+            cmdline.contains("kube-apiserver")
+                && cmdline.contains(&sc.lab.dir.display().to_string()),
             "pid {pid} is not this lab's kube-apiserver: {cmdline:?}"
         );
         let ok = std::process::Command::new("kill")
@@ -465,7 +472,7 @@ async fn a_killed_daemon_and_an_unreachable_api_server_still_give_one_result() {
     signal("-STOP");
     tokio::time::sleep(Duration::from_secs(30)).await;
     signal("-CONT");
-    let op = wait_terminal(&client, "reboot-outage").await;
+    let op = sc.wait_terminal("reboot-outage").await;
     assert_eq!(reason(&op), "True/Succeeded");
     assert_eq!(machine_restarts(&agent.host), 2);
     // Killed once more and restarted: nothing is run or published again, once the new daemon
@@ -479,6 +486,24 @@ async fn a_killed_daemon_and_an_unreachable_api_server_still_give_one_result() {
     .expect("the restarted daemon listed the operations");
     assert!(listed.contains("waiting=0"), "{listed}");
     assert_eq!(machine_restarts(&agent.host), 2);
+
+    // A failure seconds after the claim: the Completed condition stays False (InProgress →
+    // ExecutionFailed), and still carries the instant of completedAt (`wait_terminal`).
+    agent
+        .host
+        .world()
+        .slow
+        .insert("restart", Duration::from_millis(2500));
+    agent.host.inject("restart", FaultKind::Fail, 0);
+    sc.create(
+        "reboot-fails",
+        spec(Some("edge-07"), OperationKind::NodeReboot),
+    )
+    .await;
+    assert_eq!(
+        reason(&sc.wait_terminal("reboot-fails").await),
+        "False/ExecutionFailed"
+    );
     agent.kill().await;
 }
 
@@ -488,22 +513,14 @@ async fn a_killed_daemon_and_an_unreachable_api_server_still_give_one_result() {
     ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
 )]
 async fn agent_reset_and_the_deletion_signal_reset_the_node() {
-    let lab = Lab::up();
-    apply_rbac(&lab);
-    let client = admin(&lab).await;
-    create_node_and_machine(&client, "edge-07", &[]).await;
-    create_node_and_machine(&client, "edge-08", &[]).await;
-    let mut reset = Agent::join(&lab, "edge-07", InstallMode::Host).await;
-    let mut deleted = Agent::join(&lab, "edge-08", InstallMode::Host).await;
+    let sc = Scenario::up().await;
+    let mut reset = sc.node("edge-07", &[], InstallMode::Host).await;
+    let mut deleted = sc.node("edge-08", &[], InstallMode::Host).await;
 
     // AgentReset: the result is published, then the agent uninstalls itself and stops.
-    create(
-        &client,
-        "reset-1",
-        spec(Some("edge-07"), OperationKind::AgentReset),
-    )
-    .await;
-    let op = wait_terminal(&client, "reset-1").await;
+    sc.create("reset-1", spec(Some("edge-07"), OperationKind::AgentReset))
+        .await;
+    let op = sc.wait_terminal("reset-1").await;
     assert_eq!(reason(&op), "True/Succeeded");
     assert_eq!(
         op.status.and_then(|s| s.message).as_deref(),
@@ -520,7 +537,7 @@ async fn agent_reset_and_the_deletion_signal_reset_the_node() {
 
     // The deletion signal: taint alone waits; taint + Machine gone resets.
     let since = logs::mark();
-    let nodes: Api<Node> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(sc.client.clone());
     let taint = serde_json::json!({"spec": {"taints": [{
         "key": "kubernetes.azure.com/flex-node-deleting", "value": "true", "effect": "NoSchedule"}]}});
     nodes
@@ -543,7 +560,7 @@ async fn agent_reset_and_the_deletion_signal_reset_the_node() {
         deleted.host.world().runtime_files,
         "a taint alone must not wipe"
     );
-    Api::<Machine>::all(client.clone())
+    Api::<Machine>::all(sc.client.clone())
         .delete("edge-08", &DeleteParams::default())
         .await
         .expect("delete machine");

@@ -2,15 +2,14 @@
 //! HTTP server on 127.0.0.1: slots and links, staging and its refusals, the candidate check,
 //! machine trees and runtime files.
 
-use flexnode::effects::archive::{
-    self, ArchiveFetcher, ArchiveLimits, RedirectRefusal, digest_matches, redirect_target,
-};
+use flexnode::effects::archive::{self, ArchiveFetcher, ArchiveLimits, digest_matches};
 use flexnode::effects::host::{
     BIN_LINK_TARGET, CHECK_PATH, FsHost, HostLayout, NSPAWN_SETTINGS, running_build,
 };
 use flexnode::effects::{EffectError, EffectResult, Host};
-use flexnode::machine::state::{AgentBuild, InstallMode, Side, Slot};
-use flexnode::machine::validate::{Arch, ArchiveUrl, Sha256Hex};
+use flexnode::machine::agent::{AgentBuild, InstallMode, Slot};
+use flexnode::machine::agent::{Arch, ArchiveUrl, Sha256Hex};
+use flexnode::machine::state::Side;
 use sha2::{Digest, Sha256};
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -569,28 +568,6 @@ async fn redirects_are_followed_up_to_ten() {
     assert_nothing_staged(&fx);
 }
 
-#[test]
-fn redirect_policy_refuses_downgrades() {
-    let https = ::url::Url::parse("https://a.example/x.tgz").expect("url");
-    assert_eq!(
-        redirect_target(&https, Some("http://a.example/x.tgz"), 0, 10),
-        Err(RedirectRefusal::Downgrade)
-    );
-    assert_eq!(
-        redirect_target(&https, Some("https://b.example/y"), 9, 10).map(|u| u.to_string()),
-        Ok("https://b.example/y".to_string())
-    );
-    // A relative Location resolves against the URL it came from.
-    assert_eq!(
-        redirect_target(&https, Some("/z.tgz?sig=S"), 0, 10).map(|u| u.to_string()),
-        Ok("https://a.example/z.tgz?sig=S".to_string())
-    );
-    assert_eq!(
-        redirect_target(&https, Some("https://b.example/y"), 10, 10),
-        Err(RedirectRefusal::TooMany)
-    );
-}
-
 #[tokio::test]
 async fn transport_failures_are_described_without_secrets() {
     let fx = joined().await;
@@ -1084,4 +1061,126 @@ async fn runtime_files_are_found_and_wiped() {
     fx.host.wipe_runtime().await.expect("wipe");
     assert_eq!(fx.host.runtime_present().await, Ok(false));
     assert!(fx.root.join("etc").exists());
+}
+
+// ---- https: the lab's artifact server over TLS ------------------------------------------
+
+/// `e2e/artifacts/serve` over https with the lab PKI's certificate (`e2e/pki`), stopped when
+/// dropped.
+struct TlsArtifactServer {
+    dir: tempfile::TempDir,
+    child: std::process::Child,
+    port: u16,
+}
+
+impl TlsArtifactServer {
+    fn start(archive: &[u8]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let pki = dir.path().join("pki");
+        let out = std::process::Command::new(repo.join("e2e/pki"))
+            .arg("make")
+            .arg(&pki)
+            .output()
+            .expect("run e2e/pki");
+        assert!(
+            out.status.success(),
+            "e2e/pki make failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let files = dir.path().join("files");
+        std::fs::create_dir(&files).expect("files");
+        std::fs::write(files.join("a.tgz"), archive).expect("archive");
+        let port_file = dir.path().join("port");
+        let child = std::process::Command::new(repo.join("e2e/artifacts/serve"))
+            .arg("--dir")
+            .arg(&files)
+            .arg("--port-file")
+            .arg(&port_file)
+            .arg("--log")
+            .arg(dir.path().join("log"))
+            .arg("--tls-cert")
+            .arg(pki.join("server.pem"))
+            .arg("--tls-key")
+            .arg(pki.join("server.key"))
+            .spawn()
+            .expect("start e2e/artifacts/serve");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let port = loop {
+            if let Some(port) = std::fs::read_to_string(&port_file)
+                .ok()
+                .and_then(|p| p.trim().parse().ok())
+            {
+                break port;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the artifact server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        Self { dir, child, port }
+    }
+
+    fn url(&self, path: &str) -> ArchiveUrl {
+        url(&format!("https://127.0.0.1:{}{path}", self.port))
+    }
+
+    fn ca(&self, name: &str) -> PathBuf {
+        self.dir.path().join("pki").join(name)
+    }
+
+    fn served(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
+    }
+}
+
+impl Drop for TlsArtifactServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn fetching_with(fx: Fixture, ca: Option<PathBuf>) -> Fixture {
+    let trust = flexnode::effects::http::Trust { extra_ca_file: ca };
+    Fixture {
+        host: fx
+            .host
+            .with_fetcher(ArchiveFetcher::new().with_trust(trust)),
+        ..fx
+    }
+}
+
+#[tokio::test]
+async fn https_downloads_need_a_trusted_certificate() {
+    let archive = agent_archive(b"candidate over https");
+    let server = TlsArtifactServer::start(&archive);
+
+    // Trusted through the configured CA: staged, the query went to the server.
+    let fx = fetching_with(joined().await, Some(server.ca("ca.pem")));
+    stage(&fx, &server.url("/a.tgz?sig=SECRET"), &sha(&archive))
+        .await
+        .expect("https download from a trusted server");
+    assert!(fx.layout.slot_binary(Slot::Green).exists());
+    assert!(
+        server.served().contains("GET /a.tgz 200"),
+        "{}",
+        server.served()
+    );
+
+    // The system store alone, and another CA: the certificate is refused, nothing staged,
+    // nothing requested.
+    let before = server.served().matches("GET /a.tgz").count();
+    for ca in [None, Some(server.ca("other-ca.pem"))] {
+        let fx = fetching_with(joined().await, ca.clone());
+        let m = failed(stage(&fx, &server.url("/a.tgz?sig=SECRET"), &sha(&archive)).await);
+        assert!(
+            m.contains("TLS") && m.contains("not signed by a CA this node trusts"),
+            "{ca:?}: {m}"
+        );
+        assert!(!m.contains("SECRET"), "{m}");
+        assert_nothing_staged(&fx);
+    }
+    assert_eq!(server.served().matches("GET /a.tgz").count(), before);
 }

@@ -2,18 +2,19 @@
 //! its size, its alphabet, the soundness of how it identifies states, reset paths; and random
 //! runs: no duplicated disruption, no URL secrets.
 
-use flexnode::machine::effect::OpResult;
+use flexnode::machine::agent::{AgentBuild, InstallMode, Slot};
+use flexnode::machine::agent::{Arch, Sha256Hex};
 use flexnode::machine::input::{
     Claim, ClaimKind, GoalObservation, JoinRequest, MachineObservation, NodeObservation,
 };
 use flexnode::machine::policy::Policy;
-use flexnode::machine::state::{AgentBuild, Goal, InstallMode, OpRef, Slot};
+use flexnode::machine::result::OpResult;
+use flexnode::machine::state::{Goal, OpRef};
 use flexnode::machine::state::{RepavePhase, UpgradePhase};
 use flexnode::machine::table::{
     BASE, Counts, DIGEST_INSTALLED, DIGEST_UPGRADE, Graph, INPUT_VARIANTS, control, explore,
     input_variant, sample_inputs, shift_effect, shift_state, transitions,
 };
-use flexnode::machine::validate::{Arch, Sha256Hex};
 use flexnode::machine::{Effect, Input, NodeState, Step, Timestamp, step};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -72,7 +73,6 @@ fn the_alphabet_covers_every_input_variant() {
                     ClaimKind::NodeReboot => "NodeReboot",
                     ClaimKind::AgentReset => "AgentReset",
                     ClaimKind::AgentUpgrade { .. } => "AgentUpgrade",
-                    ClaimKind::Unsupported { .. } => "Unsupported",
                 };
                 uids_per_kind
                     .entry(kind)
@@ -99,7 +99,7 @@ fn the_alphabet_covers_every_input_variant() {
             | Input::Tick => {}
         }
     }
-    assert_eq!(uids_per_kind.len(), 4, "{uids_per_kind:?}");
+    assert_eq!(uids_per_kind.len(), 3, "{uids_per_kind:?}");
     for (kind, uids) in &uids_per_kind {
         assert!(uids.len() >= 2, "{kind} is claimed under one UID only");
     }
@@ -194,6 +194,17 @@ fn effect_without_data(e: &Effect) -> Effect {
                 message: String::new(),
                 ..result.clone()
             },
+        },
+        Effect::ReportProgress {
+            op,
+            message,
+            machine_generation,
+            ..
+        } => Effect::ReportProgress {
+            op: op.clone(),
+            message: message.clone(),
+            machine_generation: *machine_generation,
+            started_at: BASE,
         },
         Effect::ReportMachine {
             phase,
@@ -305,9 +316,6 @@ fn input_strategy(secret: String) -> impl Strategy<Value = Input> {
         Just(ClaimKind::AgentReset),
         (urls, shas).prop_map(|(u, s)| ClaimKind::AgentUpgrade {
             parameters: BTreeMap::from([("downloadURL".to_string(), u), ("sha256".to_string(), s)])
-        }),
-        Just(ClaimKind::Unsupported {
-            kind: "HostReboot".into()
         }),
     ];
     let goals = (0i64..3).prop_map(|g| Goal {

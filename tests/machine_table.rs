@@ -1,24 +1,30 @@
-//! One table test per transition of the pure core.
+//! The transitions of the pure core as a table: each row starts from a state, feeds inputs in
+//! turn and says what each step must do (the state it reaches, its effects, the result it
+//! publishes, or the refusal). One runner checks every row and names the row and step that
+//! failed.
 
-use flexnode::machine::effect::{MachinePhase, ResultReason};
+use flexnode::machine::agent::{AgentBuild, InstallMode, Slot};
+use flexnode::machine::agent::{Arch, Sha256Hex};
 use flexnode::machine::input::{
     Claim, ClaimKind, GoalObservation, JoinRequest, MachineObservation, NodeObservation,
 };
 use flexnode::machine::policy::Policy;
+use flexnode::machine::result::{MachinePhase, ResultReason};
 use flexnode::machine::state::{
-    AgentBuild, Goal, InstallMode, OpRef, RepavePhase, ResetCause, ResetPhase, Side, Slot,
-    UpgradePhase,
+    Goal, OpRef, RepavePhase, ResetCause, ResetPhase, Side, UpgradePhase,
 };
-use flexnode::machine::validate::{Arch, Sha256Hex};
 use flexnode::machine::{Effect, Input, NodeState, Refusal, Timestamp, step};
 use std::collections::BTreeMap;
 
 const T0: Timestamp = Timestamp::from_millis(1_785_578_400_000);
 const D1: &str = "1111111111111111111111111111111111111111111111111111111111111111";
 const D2: &str = "2222222222222222222222222222222222222222222222222222222222222222";
+const RECOVERY: &str = "upgraded daemon failed repeatedly; restored last-good agent";
+
+// ---- inputs and builds ----------------------------------------------------------------------
 
 fn digest(h: &str) -> Sha256Hex {
-    Sha256Hex::parse(h).expect("valid digest")
+    Sha256Hex::parse(h).expect("digest")
 }
 fn blue() -> AgentBuild {
     AgentBuild::Slot { slot: Slot::Blue }
@@ -37,15 +43,15 @@ fn goal(generation: i64) -> Goal {
 }
 fn op(uid: &str) -> OpRef {
     OpRef {
-        name: format!("op-{uid}"),
-        uid: uid.into(),
+        name: uid.into(),
+        uid: format!("uid-{uid}"),
     }
 }
 fn claim(uid: &str, kind: ClaimKind) -> Input {
     Input::OperationClaimed(Claim {
         op: op(uid),
         kind,
-        machine_generation: 3,
+        machine_generation: 1,
     })
 }
 fn upgrade(url: &str, sha: &str) -> ClaimKind {
@@ -56,6 +62,9 @@ fn upgrade(url: &str, sha: &str) -> ClaimKind {
         ]),
     }
 }
+fn host_upgrade() -> Input {
+    claim("u1", upgrade("https://a.example/f.tgz", D2))
+}
 fn failed(msg: &str) -> Input {
     Input::EffectsFailed {
         message: msg.into(),
@@ -64,48 +73,154 @@ fn failed(msg: &str) -> Input {
 fn started(build: AgentBuild) -> Input {
     Input::DaemonStarted { running: build }
 }
-
-/// Applies inputs at `T0`, returning the final state and each step's effects.
-fn run(state: &NodeState, inputs: &[Input]) -> (NodeState, Vec<Vec<Effect>>) {
-    run_at(state, inputs, T0)
-}
-
-fn run_at(state: &NodeState, inputs: &[Input], now: Timestamp) -> (NodeState, Vec<Vec<Effect>>) {
-    let mut s = state.clone();
-    let mut all = Vec::new();
-    for i in inputs {
-        let st = step(&s, i, &Policy::default(), now)
-            .unwrap_or_else(|r| panic!("{i} refused in {s}: {r}"));
-        s = st.next;
-        all.push(st.effects);
-    }
-    (s, all)
-}
-
-fn refused(state: &NodeState, input: &Input) -> Refusal {
-    match step(state, input, &Policy::default(), T0) {
-        Err(r) => r,
-        Ok(s) => panic!("{input} accepted in {state}: {:?}", s.next),
+fn recover() -> Input {
+    Input::RecoveryRequested {
+        message: RECOVERY.into(),
     }
 }
-
-fn joined(mode: InstallMode) -> NodeState {
-    let agent = match mode {
-        InstallMode::Host => blue(),
-        InstallMode::Container => image(D1),
-    };
-    let join = Input::Join(JoinRequest {
+fn observe(node: NodeObservation, machine: MachineObservation) -> Input {
+    Input::GoalObserved(GoalObservation { node, machine })
+}
+fn node_gone_goal(generation: i64) -> Input {
+    observe(
+        NodeObservation::Absent,
+        MachineObservation::Present(goal(generation)),
+    )
+}
+fn join(mode: InstallMode) -> Input {
+    Input::Join(JoinRequest {
         node_name: "edge-07".into(),
         mode,
         arch: Arch::Amd64,
         goal: goal(1),
-        agent,
-    });
-    run(
-        &NodeState::default(),
-        &[join, Input::EffectsDone, Input::EffectsDone],
-    )
-    .0
+        agent: match mode {
+            InstallMode::Host => blue(),
+            InstallMode::Container => image(D1),
+        },
+    })
+}
+
+// ---- the table's vocabulary ---------------------------------------------------------------
+
+/// Where a row starts.
+#[derive(Clone, Copy, Debug)]
+enum From {
+    Unjoined,
+    /// Joined (installed, started, `Ready`) in this mode.
+    Joined(InstallMode),
+}
+
+impl From {
+    fn state(self) -> NodeState {
+        match self {
+            Self::Unjoined => NodeState::default(),
+            Self::Joined(mode) => {
+                let mut s = NodeState::default();
+                for i in [join(mode), Input::EffectsDone, Input::EffectsDone] {
+                    s = step(&s, &i, &Policy::default(), T0)
+                        .unwrap_or_else(|r| panic!("join refused: {r}"))
+                        .next;
+                }
+                s
+            }
+        }
+    }
+}
+
+/// One input, when it arrives (seconds after `T0`), and what must happen.
+#[derive(Clone)]
+enum Act {
+    /// Accepted at `T0 + secs`.
+    Feed(u64, Input),
+    /// Refused with exactly this; the state is kept.
+    Refuse(Input, Refusal),
+    /// Refused with a refusal of this variant (its `Debug` starts so); the state is kept.
+    RefuseKind(Input, &'static str),
+}
+
+/// A published result's message.
+#[derive(Clone, Copy)]
+enum Message {
+    Exactly(&'static str),
+    Contains(&'static str),
+    Lacks(&'static str),
+    Any,
+}
+
+/// What an accepted step must do; each field that is set is checked.
+#[derive(Clone, Default)]
+struct Then {
+    /// The state reached, as `NodeState` shows its phase and step (`Upgrading/Staging`).
+    state: Option<&'static str>,
+    /// The state is the one the step started from.
+    unchanged: bool,
+    /// The effects' names, in order.
+    effects: Option<&'static [&'static str]>,
+    /// The effects, exactly.
+    exactly: Option<Vec<Effect>>,
+    /// The result published by this step.
+    publishes: Option<(ResultReason, Message)>,
+    /// The build the node runs afterwards.
+    agent: Option<AgentBuild>,
+    /// The active nspawn machine afterwards.
+    active: Option<Side>,
+    /// Anything else, on the state reached and the step's effects.
+    check: Option<fn(&NodeState, &[Effect])>,
+}
+
+struct Row {
+    name: &'static str,
+    from: From,
+    steps: Vec<(Act, Then)>,
+}
+
+fn feed(input: Input, then: Then) -> (Act, Then) {
+    (Act::Feed(0, input), then)
+}
+fn at(secs: u64, input: Input, then: Then) -> (Act, Then) {
+    (Act::Feed(secs, input), then)
+}
+fn refuse(input: Input, refusal: Refusal) -> (Act, Then) {
+    (Act::Refuse(input, refusal), Then::default())
+}
+fn refuse_kind(input: Input, kind: &'static str) -> (Act, Then) {
+    (Act::RefuseKind(input, kind), Then::default())
+}
+fn done(then: Then) -> (Act, Then) {
+    feed(Input::EffectsDone, then)
+}
+fn any() -> Then {
+    Then::default()
+}
+fn state(s: &'static str) -> Then {
+    Then {
+        state: Some(s),
+        ..any()
+    }
+}
+fn effects(names: &'static [&'static str]) -> Then {
+    Then {
+        effects: Some(names),
+        ..any()
+    }
+}
+fn exactly(e: Vec<Effect>) -> Then {
+    Then {
+        exactly: Some(e),
+        ..any()
+    }
+}
+fn publishes(reason: ResultReason, message: Message) -> Then {
+    Then {
+        publishes: Some((reason, message)),
+        ..any()
+    }
+}
+fn unchanged() -> Then {
+    Then {
+        unchanged: true,
+        ..any()
+    }
 }
 
 fn published(effects: &[Effect]) -> Option<(ResultReason, String)> {
@@ -115,650 +230,832 @@ fn published(effects: &[Effect]) -> Option<(ResultReason, String)> {
     })
 }
 
-fn names(effects: &[Effect]) -> Vec<&'static str> {
-    effects.iter().map(Effect::name).collect()
+fn reports_machine(effects: &[Effect], phase: MachinePhase, generation: Option<i64>) -> bool {
+    matches!(effects, [Effect::ReportMachine { phase: p, observed_generation: g, .. }]
+        if *p == phase && *g == generation)
 }
 
-#[test]
-fn join_installs_starts_and_reports_ready() {
-    let join = Input::Join(JoinRequest {
-        node_name: "edge-07".into(),
-        mode: InstallMode::Host,
-        arch: Arch::Amd64,
-        goal: goal(1),
-        agent: blue(),
-    });
-    let (s, effects) = run(&NodeState::default(), std::slice::from_ref(&join));
-    assert!(matches!(s, NodeState::Joining { .. }));
-    assert_eq!(
-        names(&effects[0]),
-        [
-            "ReportMachine",
-            "InstallAgent",
-            "WriteUnits",
-            "ProvisionMachine",
-            "StartMachine"
-        ]
-    );
-    let (s, effects) = run(&s, &[Input::EffectsDone]);
-    assert_eq!(names(&effects[0]), ["StartAgent"]);
-    let (s, effects) = run(&s, &[Input::EffectsDone]);
-    let NodeState::Ready { node } = &s else {
-        panic!("not ready: {s}")
-    };
-    assert_eq!(node.active, Side::Kube1);
-    assert_eq!(node.agent, blue());
-    assert!(matches!(
-        effects[0][..],
-        [Effect::ReportMachine {
-            phase: MachinePhase::Ready,
-            observed_generation: Some(1),
-            ..
-        }]
-    ));
-    assert_eq!(refused(&s, &join), Refusal::AlreadyJoined);
-}
-
-#[test]
-fn join_failure_and_timeout_return_to_unjoined() {
-    let join = Input::Join(JoinRequest {
-        node_name: "n".into(),
-        mode: InstallMode::Host,
-        arch: Arch::Amd64,
-        goal: goal(1),
-        agent: blue(),
-    });
-    let (s, _) = run(&NodeState::default(), &[join.clone(), failed("disk full")]);
-    assert!(matches!(s, NodeState::Unjoined { .. }));
-    let (s, _) = run(&NodeState::default(), &[join]);
-    let (s, e) = run_at(&s, &[Input::Tick], T0.plus_secs(1801));
-    assert!(matches!(s, NodeState::Unjoined { .. }));
-    assert!(matches!(
-        e[0][..],
-        [Effect::ReportMachine {
-            phase: MachinePhase::Failed,
-            ..
-        }]
-    ));
-}
-
-#[test]
-fn unjoined_refuses_everything_but_join() {
-    let s = NodeState::default();
-    assert_eq!(
-        refused(&s, &claim("a", ClaimKind::NodeReboot)),
-        Refusal::NotJoined
-    );
-    assert_eq!(refused(&s, &Input::ResetRequested), Refusal::NotJoined);
-    assert!(matches!(
-        refused(&s, &Input::EffectsDone),
-        Refusal::NothingPending { .. }
-    ));
-}
-
-#[test]
-fn node_reboot_restarts_active_side_and_completes() {
-    let ready = joined(InstallMode::Host);
-    let (s, e) = run(&ready, &[claim("r1", ClaimKind::NodeReboot)]);
-    assert!(matches!(s, NodeState::Rebooting { .. }));
-    assert_eq!(
-        e[0][1],
-        Effect::RestartMachine {
-            side: Side::Kube1,
-            not_before: T0
+/// Runs every row; panics naming each row and step that did not do what it says.
+fn check(rows: &[Row]) {
+    let mut failures = Vec::new();
+    for row in rows {
+        let mut s = row.from.state();
+        for (i, (act, then)) in row.steps.iter().enumerate() {
+            let at = format!("{} step {}", row.name, i + 1);
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                check_step(&s, act, then)
+            }));
+            match outcome {
+                Ok(next) => s = next,
+                Err(e) => {
+                    let why = e
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_default();
+                    failures.push(format!("{at}: {why}"));
+                    break;
+                }
+            }
         }
-    );
-    assert_eq!(
-        refused(&s, &claim("r1", ClaimKind::NodeReboot)),
-        Refusal::AlreadyRunning { op: op("r1") }
-    );
-    assert!(matches!(
-        refused(&s, &claim("r2", ClaimKind::NodeReboot)),
-        Refusal::Busy { .. }
-    ));
-    let (done, e) = run(&s, &[Input::EffectsDone]);
-    assert!(matches!(done, NodeState::Ready { .. }));
-    assert_eq!(
-        published(&e[0]),
-        Some((ResultReason::Succeeded, "NodeReboot completed".into()))
-    );
-    assert_eq!(
-        refused(&done, &claim("r1", ClaimKind::NodeReboot)),
-        Refusal::AlreadyFinished { op: op("r1") }
-    );
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
 }
 
-#[test]
-fn node_reboot_failure_and_deadline_publish_execution_failed() {
-    let ready = joined(InstallMode::Host);
-    let (s, _) = run(&ready, &[claim("r1", ClaimKind::NodeReboot)]);
-    let (_, e) = run(&s, &[failed("machine kube1 did not start")]);
-    assert_eq!(
-        published(&e[0]),
-        Some((
-            ResultReason::ExecutionFailed,
-            "machine kube1 did not start".into()
-        ))
-    );
-    let (same, e) = run_at(&s, &[Input::Tick], T0.plus_secs(10));
-    assert_eq!(same, s);
-    assert!(e[0].is_empty());
-    let (_, e) = run_at(&s, &[Input::Tick], T0.plus_secs(601));
-    assert_eq!(
-        published(&e[0]),
-        Some((ResultReason::ExecutionFailed, "NodeReboot timed out".into()))
-    );
-}
-
-#[test]
-fn unsupported_kind_fails_with_unsupported_operation() {
-    let ready = joined(InstallMode::Host);
-    let kind = ClaimKind::Unsupported {
-        kind: "HostPowerOff".into(),
+fn check_step(s: &NodeState, act: &Act, then: &Then) -> NodeState {
+    let (input, now) = match act {
+        Act::Feed(secs, input) => (input, T0.plus_secs(*secs as i64)),
+        Act::Refuse(input, want) => {
+            match step(s, input, &Policy::default(), T0) {
+                Err(r) => assert_eq!(&r, want, "{input} in {s}"),
+                Ok(st) => panic!("{input} accepted in {s}: {}", st.next),
+            }
+            return s.clone();
+        }
+        Act::RefuseKind(input, kind) => {
+            match step(s, input, &Policy::default(), T0) {
+                Err(r) => assert!(format!("{r:?}").starts_with(kind), "{input}: {r:?}"),
+                Ok(st) => panic!("{input} accepted in {s}: {}", st.next),
+            }
+            return s.clone();
+        }
     };
-    let (s, e) = run(&ready, &[claim("h", kind)]);
-    assert!(matches!(s, NodeState::Ready { .. }));
-    let (reason, msg) = published(&e[0]).expect("result");
-    assert_eq!(reason, ResultReason::UnsupportedOperation);
-    assert!(msg.contains("HostPowerOff"));
+    let st = step(s, input, &Policy::default(), now)
+        .unwrap_or_else(|r| panic!("{input} refused in {s}: {r}"));
+    let (next, effects) = (st.next, st.effects);
+    let shown = next.to_string();
+    if let Some(want) = then.state {
+        let got = shown.split(' ').next().unwrap_or_default();
+        assert_eq!(got, want, "after {input}: {shown}");
+    }
+    if then.unchanged {
+        assert_eq!(&next, s, "{input} changed the state");
+    }
+    if let Some(names) = then.effects {
+        let got: Vec<&str> = effects.iter().map(Effect::name).collect();
+        assert_eq!(got, names, "effects of {input}");
+    }
+    if let Some(want) = &then.exactly {
+        assert_eq!(&effects, want, "effects of {input}");
+    }
+    if let Some((reason, message)) = then.publishes {
+        let (got, text) =
+            published(&effects).unwrap_or_else(|| panic!("{input} published nothing"));
+        assert_eq!(got, reason, "{text}");
+        match message {
+            Message::Exactly(m) => assert_eq!(text, m),
+            Message::Contains(m) => assert!(text.contains(m), "{text}"),
+            Message::Lacks(m) => assert!(!text.contains(m), "{text}"),
+            Message::Any => {}
+        }
+    }
+    if let Some(agent) = &then.agent {
+        assert_eq!(next.node().map(|n| &n.agent), Some(agent), "{shown}");
+    }
+    if let Some(side) = then.active {
+        assert_eq!(next.node().map(|n| n.active), Some(side), "{shown}");
+    }
+    if let Some(f) = then.check {
+        f(&next, &effects);
+    }
+    next
 }
 
-#[test]
-fn host_upgrade_stages_switches_hands_off_and_succeeds() {
-    let ready = joined(InstallMode::Host);
-    let up = claim("u1", upgrade("https://a.example/f.tgz?sig=x", D2));
-    let (s, e) = run(&ready, &[up]);
-    let NodeState::Upgrading {
-        candidate, phase, ..
-    } = &s
-    else {
-        panic!("{s}")
-    };
-    assert_eq!(*candidate, green());
-    assert_eq!(*phase, UpgradePhase::Staging);
-    assert_eq!(names(&e[0]), ["ReportProgress", "StageAgent"]);
-    let (s, e) = run(&s, &[Input::EffectsDone]);
-    assert_eq!(
-        e[0],
-        [Effect::SwitchAgent {
-            mode: InstallMode::Host,
-            to: green(),
-            last_good: blue()
-        }]
-    );
-    let (s, e) = run(&s, &[Input::EffectsDone]);
-    assert!(matches!(e[0][..], [Effect::ScheduleAgentRestart { .. }]));
-    assert!(!s.awaits_effects(), "a hand-off waits for the successor");
-    // The restart-scheduling outcome arrives; still waiting for the successor.
-    let (s, e) = run(&s, &[Input::EffectsDone]);
-    assert!(e[0].is_empty());
-    assert!(matches!(
-        refused(&s, &claim("u2", upgrade("https://a.example/g.tgz", D1))),
-        Refusal::Busy { .. }
-    ));
-    let (done, e) = run(&s, &[started(green())]);
-    let NodeState::Ready { node } = &done else {
-        panic!("{done}")
-    };
-    assert_eq!(node.agent, green());
-    assert_eq!(node.last_good, Some(blue()));
-    assert_eq!(
-        published(&e[0]),
-        Some((ResultReason::Succeeded, "AgentUpgrade completed".into()))
-    );
+// ---- the rows -------------------------------------------------------------------------------
+
+fn join_rows() -> Vec<Row> {
+    let host = From::Joined(InstallMode::Host);
+    vec![
+        Row {
+            name: "join installs, starts and reports Ready",
+            from: From::Unjoined,
+            steps: vec![
+                feed(
+                    join(InstallMode::Host),
+                    Then {
+                        state: Some("Joining/Installing"),
+                        effects: Some(&[
+                            "ReportMachine",
+                            "InstallAgent",
+                            "WriteUnits",
+                            "ProvisionMachine",
+                            "StartMachine",
+                        ]),
+                        ..any()
+                    },
+                ),
+                done(effects(&["StartAgent"])),
+                done(Then {
+                    state: Some("Ready"),
+                    active: Some(Side::Kube1),
+                    agent: Some(blue()),
+                    check: Some(|_, e| {
+                        assert!(reports_machine(e, MachinePhase::Ready, Some(1)), "{e:?}");
+                    }),
+                    ..any()
+                }),
+                refuse(join(InstallMode::Host), Refusal::AlreadyJoined),
+            ],
+        },
+        Row {
+            name: "a failed join returns to Unjoined",
+            from: From::Unjoined,
+            steps: vec![
+                feed(join(InstallMode::Host), any()),
+                feed(failed("disk full"), state("Unjoined")),
+            ],
+        },
+        Row {
+            name: "a join past its deadline returns to Unjoined and reports Failed",
+            from: From::Unjoined,
+            steps: vec![
+                feed(join(InstallMode::Host), any()),
+                at(
+                    1801,
+                    Input::Tick,
+                    Then {
+                        state: Some("Unjoined"),
+                        check: Some(|_, e| {
+                            assert!(
+                                matches!(
+                                    e,
+                                    [Effect::ReportMachine {
+                                        phase: MachinePhase::Failed,
+                                        ..
+                                    }]
+                                ),
+                                "{e:?}"
+                            );
+                        }),
+                        ..any()
+                    },
+                ),
+            ],
+        },
+        Row {
+            name: "Unjoined refuses everything but a join",
+            from: From::Unjoined,
+            steps: vec![
+                refuse(claim("a", ClaimKind::NodeReboot), Refusal::NotJoined),
+                refuse(Input::ResetRequested, Refusal::NotJoined),
+                refuse_kind(Input::EffectsDone, "NothingPending"),
+            ],
+        },
+        Row {
+            name: "Ready records the build that actually runs",
+            from: host,
+            steps: vec![feed(
+                started(green()),
+                Then {
+                    agent: Some(green()),
+                    effects: Some(&[]),
+                    ..any()
+                },
+            )],
+        },
+    ]
 }
 
-#[test]
-fn container_upgrade_targets_the_image_digest() {
-    let ready = joined(InstallMode::Container);
-    let (s, _) = run(
-        &ready,
-        &[claim(
-            "u1",
-            upgrade("oci://registry.example/flexnode:v2", D2),
-        )],
-    );
-    let NodeState::Upgrading { candidate, .. } = &s else {
-        panic!("{s}")
-    };
-    assert_eq!(*candidate, image(D2));
-    let (s, e) = run(&s, &[Input::EffectsDone]);
-    assert_eq!(
-        e[0],
-        [Effect::SwitchAgent {
-            mode: InstallMode::Container,
-            to: image(D2),
-            last_good: image(D1)
-        }]
-    );
-    let (s, _) = run(&s, &[Input::EffectsDone]);
-    let (done, e) = run(&s, &[started(image(D2))]);
-    assert_eq!(done.node().map(|n| n.agent.clone()), Some(image(D2)));
-    assert_eq!(published(&e[0]).map(|p| p.0), Some(ResultReason::Succeeded));
+fn reboot_rows() -> Vec<Row> {
+    let host = From::Joined(InstallMode::Host);
+    let reboot = || claim("r1", ClaimKind::NodeReboot);
+    vec![
+        Row {
+            name: "NodeReboot restarts the active machine and completes",
+            from: host,
+            steps: vec![
+                feed(
+                    reboot(),
+                    Then {
+                        state: Some("Rebooting"),
+                        effects: Some(&["ReportProgress", "RestartMachine"]),
+                        check: Some(|_, e| {
+                            assert_eq!(
+                                e[1],
+                                Effect::RestartMachine {
+                                    side: Side::Kube1,
+                                    not_before: T0
+                                }
+                            );
+                        }),
+                        ..any()
+                    },
+                ),
+                refuse(reboot(), Refusal::AlreadyRunning { op: op("r1") }),
+                refuse_kind(claim("r2", ClaimKind::NodeReboot), "Busy"),
+                done(Then {
+                    state: Some("Ready"),
+                    ..publishes(
+                        ResultReason::Succeeded,
+                        Message::Exactly("NodeReboot completed"),
+                    )
+                }),
+                refuse(reboot(), Refusal::AlreadyFinished { op: op("r1") }),
+            ],
+        },
+        Row {
+            name: "a failed NodeReboot publishes ExecutionFailed with the failure",
+            from: host,
+            steps: vec![
+                feed(reboot(), any()),
+                feed(
+                    failed("machine kube1 did not start"),
+                    publishes(
+                        ResultReason::ExecutionFailed,
+                        Message::Exactly("machine kube1 did not start"),
+                    ),
+                ),
+            ],
+        },
+        Row {
+            name: "a NodeReboot waits for its deadline, then times out",
+            from: host,
+            steps: vec![
+                feed(reboot(), any()),
+                at(
+                    10,
+                    Input::Tick,
+                    Then {
+                        unchanged: true,
+                        effects: Some(&[]),
+                        ..any()
+                    },
+                ),
+                at(
+                    601,
+                    Input::Tick,
+                    publishes(
+                        ResultReason::ExecutionFailed,
+                        Message::Exactly("NodeReboot timed out"),
+                    ),
+                ),
+            ],
+        },
+    ]
 }
 
-#[test]
-fn invalid_upgrade_parameters_publish_invalid_parameters_and_run_nothing() {
-    let ready = joined(InstallMode::Host);
+fn upgrade_rows() -> Vec<Row> {
+    let host = From::Joined(InstallMode::Host);
+    // Claimed, staged, switched, the restart scheduled: the old daemon waits for its successor.
+    let handing_off = || {
+        vec![
+            feed(host_upgrade(), any()),
+            done(any()),
+            done(state("Upgrading/HandingOff")),
+        ]
+    };
+    let with = |mut prefix: Vec<(Act, Then)>, rest: Vec<(Act, Then)>| {
+        prefix.extend(rest);
+        prefix
+    };
+    let mut rows = vec![
+        Row {
+            name: "a host upgrade stages, switches, hands off and succeeds",
+            from: host,
+            steps: vec![
+                feed(
+                    claim("u1", upgrade("https://a.example/f.tgz?sig=x", D2)),
+                    Then {
+                        state: Some("Upgrading/Staging"),
+                        effects: Some(&["ReportProgress", "StageAgent"]),
+                        check: Some(|s, _| {
+                            let NodeState::Upgrading { candidate, .. } = s else {
+                                panic!("{s}")
+                            };
+                            assert_eq!(*candidate, green());
+                        }),
+                        ..any()
+                    },
+                ),
+                done(exactly(vec![Effect::SwitchAgent {
+                    mode: InstallMode::Host,
+                    to: green(),
+                    last_good: blue(),
+                }])),
+                done(Then {
+                    effects: Some(&["ScheduleAgentRestart"]),
+                    check: Some(|s, _| {
+                        assert!(!s.awaits_effects(), "a hand-off waits for the successor");
+                    }),
+                    ..any()
+                }),
+                // The restart-scheduling outcome arrives; still waiting for the successor.
+                done(effects(&[])),
+                refuse_kind(claim("u2", upgrade("https://a.example/g.tgz", D1)), "Busy"),
+                feed(
+                    started(green()),
+                    Then {
+                        state: Some("Ready"),
+                        agent: Some(green()),
+                        check: Some(|s, _| {
+                            assert_eq!(s.node().and_then(|n| n.last_good.clone()), Some(blue()));
+                        }),
+                        ..publishes(
+                            ResultReason::Succeeded,
+                            Message::Exactly("AgentUpgrade completed"),
+                        )
+                    },
+                ),
+            ],
+        },
+        Row {
+            name: "a container upgrade targets the image digest",
+            from: From::Joined(InstallMode::Container),
+            steps: vec![
+                feed(
+                    claim("u1", upgrade("oci://registry.example/flexnode:v2", D2)),
+                    Then {
+                        check: Some(|s, _| {
+                            let NodeState::Upgrading { candidate, .. } = s else {
+                                panic!("{s}")
+                            };
+                            assert_eq!(*candidate, image(D2));
+                        }),
+                        ..any()
+                    },
+                ),
+                done(exactly(vec![Effect::SwitchAgent {
+                    mode: InstallMode::Container,
+                    to: image(D2),
+                    last_good: image(D1),
+                }])),
+                done(any()),
+                feed(
+                    started(image(D2)),
+                    Then {
+                        agent: Some(image(D2)),
+                        ..publishes(ResultReason::Succeeded, Message::Any)
+                    },
+                ),
+            ],
+        },
+        Row {
+            name: "an archive URL on the container install is InvalidParameters",
+            from: From::Joined(InstallMode::Container),
+            steps: vec![feed(
+                claim("bad", upgrade("https://a.example/f.tgz", D2)),
+                publishes(ResultReason::InvalidParameters, Message::Any),
+            )],
+        },
+        Row {
+            name: "a staging failure aborts and publishes ExecutionFailed",
+            from: host,
+            steps: vec![
+                feed(host_upgrade(), any()),
+                feed(
+                    failed("sha256 mismatch"),
+                    Then {
+                        check: Some(|s, _| {
+                            assert!(
+                                matches!(
+                                    s,
+                                    NodeState::Upgrading {
+                                        phase: UpgradePhase::RollingBack { restart: false, .. },
+                                        ..
+                                    }
+                                ),
+                                "{s}"
+                            );
+                        }),
+                        ..any()
+                    },
+                ),
+                done(Then {
+                    agent: Some(blue()),
+                    ..publishes(
+                        ResultReason::ExecutionFailed,
+                        Message::Exactly("sha256 mismatch"),
+                    )
+                }),
+            ],
+        },
+        Row {
+            name: "a switch failure switches back",
+            from: host,
+            steps: vec![
+                feed(host_upgrade(), any()),
+                done(any()),
+                feed(
+                    failed("rename failed"),
+                    exactly(vec![Effect::SwitchAgent {
+                        mode: InstallMode::Host,
+                        to: blue(),
+                        last_good: blue(),
+                    }]),
+                ),
+            ],
+        },
+        Row {
+            name: "a restart-scheduling failure rolls back with the fixed message",
+            from: host,
+            steps: vec![
+                feed(host_upgrade(), any()),
+                done(any()),
+                done(any()),
+                feed(failed("dbus"), any()),
+                done(publishes(
+                    ResultReason::ExecutionFailed,
+                    Message::Exactly("failed to restart upgraded agent daemon"),
+                )),
+            ],
+        },
+        Row {
+            name: "no successor before the hand-off deadline rolls back",
+            from: host,
+            steps: with(
+                handing_off(),
+                vec![
+                    at(301, Input::Tick, effects(&["SwitchAgent"])),
+                    done(Then {
+                        agent: Some(blue()),
+                        ..publishes(ResultReason::ExecutionFailed, Message::Any)
+                    }),
+                ],
+            ),
+        },
+        Row {
+            name: "a crash-looping candidate goes through recovery; last-good publishes DaemonFailed",
+            from: host,
+            steps: with(
+                handing_off(),
+                vec![
+                    feed(recover(), effects(&["SwitchAgent", "RestartAgent"])),
+                    refuse(recover(), Refusal::NoUpgradePending),
+                    feed(
+                        started(blue()),
+                        Then {
+                            agent: Some(blue()),
+                            ..publishes(ResultReason::DaemonFailed, Message::Exactly(RECOVERY))
+                        },
+                    ),
+                    // A plain crash later never swaps binaries.
+                    refuse(recover(), Refusal::NoUpgradePending),
+                ],
+            ),
+        },
+        Row {
+            name: "a successor that is not the candidate means DaemonFailed",
+            from: host,
+            steps: with(
+                handing_off(),
+                vec![feed(
+                    started(blue()),
+                    publishes(ResultReason::DaemonFailed, Message::Any),
+                )],
+            ),
+        },
+        Row {
+            name: "a failed abort restarts, and the next daemon reports",
+            from: host,
+            steps: vec![
+                feed(host_upgrade(), any()),
+                done(any()),
+                feed(failed("switch failed"), any()),
+                feed(
+                    failed("switch back failed"),
+                    exactly(vec![Effect::RestartAgent]),
+                ),
+                feed(
+                    started(green()),
+                    Then {
+                        agent: Some(green()),
+                        ..publishes(
+                            ResultReason::ExecutionFailed,
+                            Message::Contains("rollback failed"),
+                        )
+                    },
+                ),
+            ],
+        },
+    ];
+    // Invalid parameters: only the result, nothing run, no part of the URL in the message.
     for (url, sha) in [
         ("https://a.example/f.tgz", ""),
         ("https://a.example/f.tgz", "abc"),
         ("oci://r.example/f:1", D2),
         ("https://user:pw@a.example/f.tgz", D2),
     ] {
-        let (s, e) = run(&ready, &[claim("bad", upgrade(url, sha))]);
-        assert!(matches!(s, NodeState::Ready { .. }));
-        assert_eq!(e[0].len(), 1, "only the result: {:?}", e[0]);
-        assert_eq!(
-            published(&e[0]).map(|p| p.0),
-            Some(ResultReason::InvalidParameters)
-        );
-        assert!(
-            !published(&e[0])
-                .map(|p| p.1)
-                .unwrap_or_default()
-                .contains("pw")
-        );
+        rows.push(Row {
+            name: "invalid upgrade parameters publish InvalidParameters and run nothing",
+            from: host,
+            steps: vec![feed(
+                claim("bad", upgrade(url, sha)),
+                Then {
+                    state: Some("Ready"),
+                    effects: Some(&["PublishResult"]),
+                    ..publishes(ResultReason::InvalidParameters, Message::Lacks("pw"))
+                },
+            )],
+        });
     }
-    let container = joined(InstallMode::Container);
-    let (_, e) = run(
-        &container,
-        &[claim("bad", upgrade("https://a.example/f.tgz", D2))],
-    );
-    assert_eq!(
-        published(&e[0]).map(|p| p.0),
-        Some(ResultReason::InvalidParameters)
-    );
+    rows
 }
 
-#[test]
-fn stage_failure_aborts_and_publishes_execution_failed() {
-    let ready = joined(InstallMode::Host);
-    let (s, _) = run(
-        &ready,
-        &[
-            claim("u1", upgrade("https://a.example/f.tgz", D2)),
-            failed("sha256 mismatch"),
-        ],
-    );
-    assert!(matches!(
-        s,
-        NodeState::Upgrading {
-            phase: UpgradePhase::RollingBack { restart: false, .. },
-            ..
-        }
-    ));
-    let (done, e) = run(&s, &[Input::EffectsDone]);
-    assert_eq!(done.node().map(|n| n.agent.clone()), Some(blue()));
-    assert_eq!(
-        published(&e[0]),
-        Some((ResultReason::ExecutionFailed, "sha256 mismatch".into()))
-    );
-}
-
-#[test]
-fn switch_failure_switches_back() {
-    let ready = joined(InstallMode::Host);
-    let (_, e) = run(
-        &ready,
-        &[
-            claim("u1", upgrade("https://a.example/f.tgz", D2)),
-            Input::EffectsDone,
-            failed("rename failed"),
-        ],
-    );
-    assert_eq!(
-        e[2],
-        [Effect::SwitchAgent {
-            mode: InstallMode::Host,
-            to: blue(),
-            last_good: blue()
-        }]
-    );
-}
-
-#[test]
-fn restart_scheduling_failure_rolls_back_with_fixed_message() {
-    let ready = joined(InstallMode::Host);
-    let (s, _) = run(
-        &ready,
-        &[
-            claim("u1", upgrade("https://a.example/f.tgz", D2)),
-            Input::EffectsDone,
-            Input::EffectsDone,
-            failed("dbus"),
-        ],
-    );
-    let (_, e) = run(&s, &[Input::EffectsDone]);
-    assert_eq!(
-        published(&e[0]),
-        Some((
-            ResultReason::ExecutionFailed,
-            "failed to restart upgraded agent daemon".into()
-        ))
-    );
-}
-
-#[test]
-fn handoff_deadline_without_successor_rolls_back() {
-    let ready = joined(InstallMode::Host);
-    let (s, _) = run(
-        &ready,
-        &[
-            claim("u1", upgrade("https://a.example/f.tgz", D2)),
-            Input::EffectsDone,
-            Input::EffectsDone,
-        ],
-    );
-    let (s, e) = run_at(&s, &[Input::Tick], T0.plus_secs(301));
-    assert!(matches!(e[0][..], [Effect::SwitchAgent { .. }]));
-    let (done, e) = run(&s, &[Input::EffectsDone]);
-    assert_eq!(done.node().map(|n| n.agent.clone()), Some(blue()));
-    assert_eq!(
-        published(&e[0]).map(|p| p.0),
-        Some(ResultReason::ExecutionFailed)
-    );
-}
-
-#[test]
-fn crash_looping_candidate_goes_through_recovery_and_last_good_publishes_daemon_failed() {
-    let ready = joined(InstallMode::Host);
-    let (s, _) = run(
-        &ready,
-        &[
-            claim("u1", upgrade("https://a.example/f.tgz", D2)),
-            Input::EffectsDone,
-            Input::EffectsDone,
-        ],
-    );
-    let recover = Input::RecoveryRequested {
-        message: "upgraded daemon failed repeatedly; restored last-good agent".into(),
+fn reset_rows() -> Vec<Row> {
+    let host = From::Joined(InstallMode::Host);
+    // Wiped; the result is being published.
+    let publishing = || {
+        vec![
+            feed(
+                claim("x1", ClaimKind::AgentReset),
+                effects(&["ReportProgress", "WipeNode"]),
+            ),
+            done(Then {
+                effects: Some(&["PublishResult", "AwaitPublished"]),
+                check: Some(|s, _| {
+                    assert!(
+                        matches!(
+                            s,
+                            NodeState::Resetting {
+                                phase: ResetPhase::Publishing,
+                                ..
+                            }
+                        ),
+                        "{s}"
+                    );
+                }),
+                ..publishes(ResultReason::Succeeded, Message::Any)
+            }),
+        ]
     };
-    let (s, e) = run(&s, std::slice::from_ref(&recover));
-    assert_eq!(names(&e[0]), ["SwitchAgent", "RestartAgent"]);
-    assert_eq!(refused(&s, &recover), Refusal::NoUpgradePending);
-    let (done, e) = run(&s, &[started(blue())]);
-    assert_eq!(done.node().map(|n| n.agent.clone()), Some(blue()));
-    assert_eq!(
-        published(&e[0]),
-        Some((
-            ResultReason::DaemonFailed,
-            "upgraded daemon failed repeatedly; restored last-good agent".into()
-        ))
-    );
-    // A plain crash later never swaps binaries.
-    assert_eq!(refused(&done, &recover), Refusal::NoUpgradePending);
-}
-
-#[test]
-fn successor_that_is_not_the_candidate_means_daemon_failed() {
-    let ready = joined(InstallMode::Host);
-    let (s, _) = run(
-        &ready,
-        &[
-            claim("u1", upgrade("https://a.example/f.tgz", D2)),
-            Input::EffectsDone,
-            Input::EffectsDone,
-        ],
-    );
-    let (_, e) = run(&s, &[started(blue())]);
-    assert_eq!(
-        published(&e[0]).map(|p| p.0),
-        Some(ResultReason::DaemonFailed)
-    );
-}
-
-#[test]
-fn failed_abort_restarts_and_the_next_daemon_reports() {
-    let ready = joined(InstallMode::Host);
-    let (s, e) = run(
-        &ready,
-        &[
-            claim("u1", upgrade("https://a.example/f.tgz", D2)),
-            Input::EffectsDone,
-            failed("switch failed"),
-            failed("switch back failed"),
-        ],
-    );
-    assert_eq!(e[3], [Effect::RestartAgent]);
-    let (done, e) = run(&s, &[started(green())]);
-    assert_eq!(done.node().map(|n| n.agent.clone()), Some(green()));
-    let (reason, msg) = published(&e[0]).expect("result");
-    assert_eq!(reason, ResultReason::ExecutionFailed);
-    assert!(msg.contains("rollback failed"), "{msg}");
-}
-
-#[test]
-fn agent_reset_wipes_publishes_then_uninstalls() {
-    let ready = joined(InstallMode::Host);
-    let (s, e) = run(&ready, &[claim("x1", ClaimKind::AgentReset)]);
-    assert_eq!(names(&e[0]), ["ReportProgress", "WipeNode"]);
-    let (s, e) = run(&s, &[Input::EffectsDone]);
-    assert!(matches!(
-        s,
-        NodeState::Resetting {
-            phase: ResetPhase::Publishing,
-            ..
-        }
-    ));
-    assert_eq!(names(&e[0]), ["PublishResult", "AwaitPublished"]);
-    assert_eq!(published(&e[0]).map(|p| p.0), Some(ResultReason::Succeeded));
-    // The API server is away: keep trying until the deadline, then uninstall anyway.
-    let (s2, e) = run(&s, &[failed("connection refused")]);
-    assert_eq!(names(&e[0]), ["AwaitPublished"]);
-    let (s3, e) = run_at(&s2, &[failed("connection refused")], T0.plus_secs(121));
-    assert_eq!(names(&e[0]), ["UninstallAgent"]);
-    let (end, _) = run(&s3, &[Input::EffectsDone]);
-    assert!(matches!(end, NodeState::Unjoined { .. }));
-    let (s, e) = run(&s, &[Input::EffectsDone]);
-    assert_eq!(names(&e[0]), ["UninstallAgent"]);
-    let (end, _) = run(&s, &[Input::EffectsDone]);
-    assert!(matches!(end, NodeState::Unjoined { .. }));
-    assert!(matches!(
-        refused(&end, &claim("x1", ClaimKind::AgentReset)),
-        Refusal::NotJoined
-    ));
-}
-
-#[test]
-fn agent_reset_failure_publishes_and_keeps_the_daemon() {
-    let ready = joined(InstallMode::Host);
-    let (s, e) = run(
-        &ready,
-        &[claim("x1", ClaimKind::AgentReset), failed("umount busy")],
-    );
-    assert!(matches!(s, NodeState::Ready { .. }));
-    assert_eq!(
-        published(&e[1]).map(|p| p.0),
-        Some(ResultReason::ExecutionFailed)
-    );
-}
-
-#[test]
-fn cli_reset_interrupting_an_operation_publishes_its_result_first() {
-    let ready = joined(InstallMode::Host);
-    let (s, _) = run(&ready, &[claim("r1", ClaimKind::NodeReboot)]);
-    let (s, e) = run(&s, &[Input::ResetRequested]);
-    assert_eq!(names(&e[0]), ["PublishResult", "WipeNode"]);
-    assert_eq!(
-        published(&e[0]),
-        Some((
-            ResultReason::ExecutionFailed,
-            "interrupted by a node reset".into()
-        ))
-    );
-    assert_eq!(refused(&s, &Input::ResetRequested), Refusal::ResetUnderWay);
-    let (s, e) = run(&s, &[Input::EffectsDone]);
-    assert_eq!(names(&e[0]), ["UninstallAgent"]);
-    let (end, _) = run(&s, &[Input::EffectsDone]);
-    assert!(matches!(end, NodeState::Unjoined { .. }));
-}
-
-fn observe(node: NodeObservation, machine: MachineObservation) -> Input {
-    Input::GoalObserved(GoalObservation { node, machine })
-}
-
-#[test]
-fn deletion_signal_resets_without_an_operation() {
-    let ready = joined(InstallMode::Host);
+    let with = |mut prefix: Vec<(Act, Then)>, rest: Vec<(Act, Then)>| {
+        prefix.extend(rest);
+        prefix
+    };
     let taint = NodeObservation::Present {
         deletion_taint: true,
     };
-    let (s, _) = run(
-        &ready,
-        &[observe(taint, MachineObservation::Present(goal(1)))],
-    );
-    assert_eq!(s, ready, "taint alone waits for the Machine to go");
-    let (s, _) = run(
-        &ready,
-        &[observe(
-            NodeObservation::Absent,
-            MachineObservation::Missing,
-        )],
-    );
-    assert_eq!(s, ready, "a 404 alone never wipes");
-    let (s, e) = run(&ready, &[observe(taint, MachineObservation::Missing)]);
-    assert!(matches!(
-        s,
-        NodeState::Resetting {
-            cause: ResetCause::DeletionSignal,
-            ..
-        }
-    ));
-    assert_eq!(names(&e[0]), ["WipeNode"]);
-    let (s, e) = run(&s, &[Input::EffectsDone]);
-    assert_eq!(names(&e[0]), ["UninstallAgent"]);
-    let (end, _) = run(&s, &[Input::EffectsDone]);
-    assert!(matches!(end, NodeState::Unjoined { .. }));
+    vec![
+        Row {
+            name: "AgentReset wipes, publishes, then uninstalls",
+            from: host,
+            steps: with(
+                publishing(),
+                vec![
+                    done(effects(&["UninstallAgent"])),
+                    done(state("Unjoined")),
+                    refuse(claim("x1", ClaimKind::AgentReset), Refusal::NotJoined),
+                ],
+            ),
+        },
+        Row {
+            name: "AgentReset with the API server away retries, then uninstalls at the deadline",
+            from: host,
+            steps: with(
+                publishing(),
+                vec![
+                    feed(failed("connection refused"), effects(&["AwaitPublished"])),
+                    at(
+                        121,
+                        failed("connection refused"),
+                        effects(&["UninstallAgent"]),
+                    ),
+                    done(state("Unjoined")),
+                ],
+            ),
+        },
+        Row {
+            name: "a failed AgentReset publishes and keeps the daemon",
+            from: host,
+            steps: vec![
+                feed(claim("x1", ClaimKind::AgentReset), any()),
+                feed(
+                    failed("umount busy"),
+                    Then {
+                        state: Some("Ready"),
+                        ..publishes(ResultReason::ExecutionFailed, Message::Any)
+                    },
+                ),
+            ],
+        },
+        Row {
+            name: "a CLI reset interrupting an operation publishes its result first",
+            from: host,
+            steps: vec![
+                feed(claim("r1", ClaimKind::NodeReboot), any()),
+                feed(
+                    Input::ResetRequested,
+                    Then {
+                        effects: Some(&["PublishResult", "WipeNode"]),
+                        ..publishes(
+                            ResultReason::ExecutionFailed,
+                            Message::Exactly("interrupted by a node reset"),
+                        )
+                    },
+                ),
+                refuse(Input::ResetRequested, Refusal::ResetUnderWay),
+                done(effects(&["UninstallAgent"])),
+                done(state("Unjoined")),
+            ],
+        },
+        Row {
+            name: "the deletion taint alone waits for the Machine to go",
+            from: host,
+            steps: vec![feed(
+                observe(taint, MachineObservation::Present(goal(1))),
+                unchanged(),
+            )],
+        },
+        Row {
+            name: "a 404 alone never wipes",
+            from: host,
+            steps: vec![feed(
+                observe(NodeObservation::Absent, MachineObservation::Missing),
+                unchanged(),
+            )],
+        },
+        Row {
+            name: "the deletion signal (taint + Machine gone) resets without an operation",
+            from: host,
+            steps: vec![
+                feed(
+                    observe(taint, MachineObservation::Missing),
+                    Then {
+                        effects: Some(&["WipeNode"]),
+                        check: Some(|s, _| {
+                            assert!(
+                                matches!(
+                                    s,
+                                    NodeState::Resetting {
+                                        cause: ResetCause::DeletionSignal,
+                                        ..
+                                    }
+                                ),
+                                "{s}"
+                            );
+                        }),
+                        ..any()
+                    },
+                ),
+                done(effects(&["UninstallAgent"])),
+                done(state("Unjoined")),
+            ],
+        },
+    ]
 }
 
-#[test]
-fn repave_provisions_switches_over_and_retires() {
-    let ready = joined(InstallMode::Host);
-    let present = NodeObservation::Present {
-        deletion_taint: false,
+fn repave_rows() -> Vec<Row> {
+    let host = From::Joined(InstallMode::Host);
+    let rolling_back = |s: &NodeState, _: &[Effect]| {
+        assert!(
+            matches!(
+                s,
+                NodeState::Repaving {
+                    phase: RepavePhase::RollingBack { .. },
+                    ..
+                }
+            ),
+            "{s}"
+        );
     };
-    let (s, _) = run(
-        &ready,
-        &[observe(present, MachineObservation::Present(goal(2)))],
-    );
-    assert_eq!(s, ready, "a changed goal waits for the Node to go");
-    let (s, e) = run(
-        &ready,
-        &[observe(
-            NodeObservation::Absent,
-            MachineObservation::Present(goal(2)),
-        )],
-    );
-    assert_eq!(names(&e[0]), ["ReportMachine", "ProvisionMachine"]);
-    let (s, e) = run(&s, &[Input::EffectsDone]);
-    assert_eq!(
-        e[0],
-        [
-            Effect::StopMachine { side: Side::Kube1 },
-            Effect::StartMachine { side: Side::Kube2 }
-        ]
-    );
-    let (s, e) = run(&s, &[Input::EffectsDone]);
-    assert_eq!(e[0], [Effect::RemoveMachine { side: Side::Kube1 }]);
-    let (done, e) = run(&s, &[Input::EffectsDone]);
-    let node = done.node().expect("node");
-    assert_eq!(node.active, Side::Kube2);
-    assert_eq!(node.applied, goal(2));
-    assert_eq!(node.previous, Some(goal(1)));
-    assert!(matches!(
-        e[0][..],
-        [Effect::ReportMachine {
-            phase: MachinePhase::Ready,
-            observed_generation: Some(2),
-            ..
-        }]
-    ));
+    vec![
+        Row {
+            name: "a changed goal waits for the Node to go",
+            from: host,
+            steps: vec![feed(
+                observe(
+                    NodeObservation::Present {
+                        deletion_taint: false,
+                    },
+                    MachineObservation::Present(goal(2)),
+                ),
+                unchanged(),
+            )],
+        },
+        Row {
+            name: "a repave provisions, switches over and retires",
+            from: host,
+            steps: vec![
+                feed(
+                    node_gone_goal(2),
+                    effects(&["ReportMachine", "ProvisionMachine"]),
+                ),
+                done(exactly(vec![
+                    Effect::StopMachine { side: Side::Kube1 },
+                    Effect::StartMachine { side: Side::Kube2 },
+                ])),
+                done(exactly(vec![Effect::RemoveMachine { side: Side::Kube1 }])),
+                done(Then {
+                    active: Some(Side::Kube2),
+                    check: Some(|s, e| {
+                        let node = s.node().expect("node");
+                        assert_eq!(node.applied, goal(2));
+                        assert_eq!(node.previous, Some(goal(1)));
+                        assert!(reports_machine(e, MachinePhase::Ready, Some(2)), "{e:?}");
+                    }),
+                    ..any()
+                }),
+            ],
+        },
+        Row {
+            name: "a new side failing after the old one stopped rolls back automatically",
+            from: host,
+            steps: vec![
+                feed(node_gone_goal(2), any()),
+                done(any()),
+                feed(
+                    failed("kubelet not ready on kube2"),
+                    Then {
+                        exactly: Some(vec![
+                            Effect::StopMachine { side: Side::Kube2 },
+                            Effect::StartMachine { side: Side::Kube1 },
+                        ]),
+                        check: Some(rolling_back),
+                        ..any()
+                    },
+                ),
+                done(Then {
+                    active: Some(Side::Kube1),
+                    check: Some(|s, e| {
+                        assert_eq!(s.node().map(|n| n.applied.clone()), Some(goal(1)));
+                        assert!(
+                            matches!(e, [Effect::ReportMachine { phase: MachinePhase::Failed, message, .. }]
+                                if message.contains("rolled back")),
+                            "{e:?}"
+                        );
+                    }),
+                    ..any()
+                }),
+            ],
+        },
+        Row {
+            name: "a provisioning failure keeps the old side running",
+            from: host,
+            steps: vec![
+                feed(node_gone_goal(2), any()),
+                feed(
+                    failed("pull failed"),
+                    Then {
+                        active: Some(Side::Kube1),
+                        check: Some(|_, e| {
+                            assert!(!e.iter().any(|e| matches!(e, Effect::StopMachine { .. })));
+                            assert_eq!(e[0], Effect::RemoveMachine { side: Side::Kube2 });
+                        }),
+                        ..any()
+                    },
+                ),
+            ],
+        },
+        Row {
+            name: "the deadline during the switch-over rolls back",
+            from: host,
+            steps: vec![
+                feed(node_gone_goal(2), any()),
+                done(any()),
+                at(
+                    1801,
+                    Input::Tick,
+                    Then {
+                        check: Some(rolling_back),
+                        ..any()
+                    },
+                ),
+            ],
+        },
+    ]
 }
 
 #[test]
-fn repave_new_side_failure_after_old_stopped_rolls_back_automatically() {
-    let ready = joined(InstallMode::Host);
-    let (s, _) = run(
-        &ready,
-        &[
-            observe(
-                NodeObservation::Absent,
-                MachineObservation::Present(goal(2)),
-            ),
-            Input::EffectsDone,
+fn join_and_ready() {
+    check(&join_rows());
+}
+
+#[test]
+fn node_reboot() {
+    check(&reboot_rows());
+}
+
+#[test]
+fn agent_upgrade() {
+    check(&upgrade_rows());
+}
+
+#[test]
+fn resets() {
+    check(&reset_rows());
+}
+
+#[test]
+fn repave() {
+    check(&repave_rows());
+}
+
+/// The runner itself fails on a row that does not hold (a table that cannot fail tests
+/// nothing).
+#[test]
+fn the_runner_names_a_row_that_does_not_hold() {
+    let wrong = [Row {
+        name: "NodeReboot publishes the wrong reason",
+        from: From::Joined(InstallMode::Host),
+        steps: vec![
+            feed(claim("r1", ClaimKind::NodeReboot), any()),
+            done(publishes(ResultReason::DaemonFailed, Message::Any)),
         ],
+    }];
+    let e = std::panic::catch_unwind(|| check(&wrong)).expect_err("must fail");
+    let text = e.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(
+        text.contains("NodeReboot publishes the wrong reason step 2"),
+        "{text}"
     );
-    let (s, e) = run(&s, &[failed("kubelet not ready on kube2")]);
-    assert!(matches!(
-        s,
-        NodeState::Repaving {
-            phase: RepavePhase::RollingBack { .. },
-            ..
-        }
-    ));
-    assert_eq!(
-        e[0],
-        [
-            Effect::StopMachine { side: Side::Kube2 },
-            Effect::StartMachine { side: Side::Kube1 }
-        ]
-    );
-    let (done, e) = run(&s, &[Input::EffectsDone]);
-    let node = done.node().expect("node");
-    assert_eq!(node.active, Side::Kube1);
-    assert_eq!(node.applied, goal(1));
-    assert!(matches!(
-        &e[0][..],
-        [Effect::ReportMachine { phase: MachinePhase::Failed, message, .. }] if message.contains("rolled back")
-    ));
-}
-
-#[test]
-fn repave_provisioning_failure_keeps_old_side_running() {
-    let ready = joined(InstallMode::Host);
-    let (s, e) = run(
-        &ready,
-        &[
-            observe(
-                NodeObservation::Absent,
-                MachineObservation::Present(goal(2)),
-            ),
-            failed("pull failed"),
-        ],
-    );
-    assert_eq!(s.node().map(|n| n.active), Some(Side::Kube1));
-    assert!(!e[1].iter().any(|e| matches!(e, Effect::StopMachine { .. })));
-    assert_eq!(e[1][0], Effect::RemoveMachine { side: Side::Kube2 });
-}
-
-#[test]
-fn repave_deadline_during_switch_over_rolls_back() {
-    let ready = joined(InstallMode::Host);
-    let (s, _) = run(
-        &ready,
-        &[
-            observe(
-                NodeObservation::Absent,
-                MachineObservation::Present(goal(2)),
-            ),
-            Input::EffectsDone,
-        ],
-    );
-    let (s, _) = run_at(&s, &[Input::Tick], T0.plus_secs(1801));
-    assert!(matches!(
-        s,
-        NodeState::Repaving {
-            phase: RepavePhase::RollingBack { .. },
-            ..
-        }
-    ));
-}
-
-#[test]
-fn ready_records_the_build_that_actually_runs() {
-    let ready = joined(InstallMode::Host);
-    let (s, e) = run(&ready, &[started(green())]);
-    assert_eq!(s.node().map(|n| n.agent.clone()), Some(green()));
-    assert!(e[0].is_empty());
 }

@@ -3,9 +3,9 @@
 
 mod support;
 
-use flexnode::effects::sim::Build;
-use flexnode::machine::state::InstallMode;
+use flexnode::machine::agent::InstallMode;
 use flexnode::reconcile::client_from_kubeconfig;
+use flexnode::sim::Build;
 use kube::api::Api;
 use std::path::{Path, PathBuf};
 use std::time::Instant;

@@ -1,13 +1,14 @@
 //! The real core, store and executor against the simulated host, including a crash at every
 //! effect boundary.
 
-use flexnode::effects::sim::{ApiWrite, Build, FaultKind};
 use flexnode::exec::Fed;
-use flexnode::machine::effect::ResultReason;
+use flexnode::machine::agent::{AgentBuild, InstallMode, Slot};
 use flexnode::machine::input::ClaimKind;
-use flexnode::machine::state::{AgentBuild, InstallMode, Side, Slot};
+use flexnode::machine::result::ResultReason;
+use flexnode::machine::state::Side;
 use flexnode::machine::{Input, NodeState, Timestamp};
-use flexnode::simlab::{SimNode, upgrade};
+use flexnode::sim::{ApiWrite, Build, FaultKind};
+use flexnode::sim::{SimNode, upgrade};
 use std::collections::BTreeMap;
 
 const T0: Timestamp = Timestamp::from_millis(1_785_578_400_000);
@@ -420,7 +421,7 @@ async fn setup(dir: &tempfile::TempDir, flow: Flow) -> SimNode {
     node
 }
 
-async fn drive(node: &mut SimNode, flow: Flow) -> Result<(), flexnode::simlab::SimError> {
+async fn drive(node: &mut SimNode, flow: Flow) -> Result<(), flexnode::sim::SimError> {
     let kind = match flow {
         Flow::Reboot => ClaimKind::NodeReboot,
         Flow::Reset => ClaimKind::AgentReset,

@@ -1,6 +1,6 @@
 //! The SQLite store: migrations, intent/outcome, a second writer, crashes, damaged files.
 
-use flexnode::machine::effect::{OpResult, ResultReason};
+use flexnode::machine::result::{OpResult, ResultReason};
 use flexnode::machine::state::OpRef;
 use flexnode::machine::{Effect, Input, NodeState, Timestamp};
 use flexnode::store::migrations::SCHEMA_VERSION;

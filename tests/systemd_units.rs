@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Keys that systemd < 254 does not know and that the design accepts there: the bootstrap
-/// unit's retry back-off grows only on systemd ≥ 254, older systemd keeps `RestartSec`
-/// (shared/reference/domain.md, "systemd < 254 keeps 10 s").
+/// unit's retry back-off grows only on systemd ≥ 254, older systemd keeps `RestartSec` (10 s;
+/// units/host/flexnode-bootstrap.service says so).
 const NEWER_THAN_252: &[(&str, u32)] = &[("RestartSteps", 254), ("RestartMaxDelaySec", 254)];
 
 /// Where the agent installs itself; the only executables stubbed.

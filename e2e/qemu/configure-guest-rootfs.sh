@@ -1,5 +1,5 @@
 #!/bin/bash
-# Adapted from the team reference scripts (shared/reference/scripts, test-infra.md §2).
+# Adapted from the team's lab scripts; see e2e/qemu/README.md.
 # Turn a debootstrap'ed bookworm rootfs into a bootable QEMU test guest.
 # Usage: configure-guest-rootfs.sh ROOTFS SSH_PUBKEY_FILE
 set -euo pipefail

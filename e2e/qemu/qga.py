@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# Adapted from the team reference scripts (shared/reference/scripts, test-infra.md §2).
+# Adapted from the team's lab scripts; see e2e/qemu/README.md.
 """qga.py SOCK CMD [ARGS...]: run a command in the guest via qemu-guest-agent (virtio-serial), print output + exit code."""
 import base64, json, socket, sys, time
 s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.settimeout(30); f = s.makefile('rw')

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# Adapted from the team reference scripts (shared/reference/scripts, test-infra.md §2).
+# Adapted from the team's lab scripts; see e2e/qemu/README.md.
 """Tiny QMP client: qmp.py SOCK 'human-monitor-command:info registers' | qmp.py SOCK query-status"""
 import json, socket, sys
 s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); f = s.makefile('rw')

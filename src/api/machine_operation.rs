@@ -1,4 +1,5 @@
-//! `MachineOperation`: an imperative, one-shot node operation (domain.md §2.1).
+//! `MachineOperation`: an imperative, one-shot node operation. Every field of the upstream
+//! schema is here with its type (`tests/upstream_crds.rs` checks it).
 // kube's derive repeats `type_` per printer column, which this lint misreads.
 #![allow(clippy::duplicated_attributes)]
 
@@ -82,18 +83,23 @@ impl OperationKind {
     }
 }
 
+/// The schema is a plain string, as upstream's: a phase this version does not know (another
+/// controller's) is [`OperationPhase::Unknown`], never an operation that cannot be read.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum OperationPhase {
     Pending,
     InProgress,
     Complete,
     Failed,
+    #[serde(other)]
+    Unknown,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MachineOperationStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "super::string")]
     pub phase: Option<OperationPhase>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
@@ -116,10 +122,12 @@ pub struct MachineOperationStatus {
 #[serde(rename_all = "camelCase")]
 pub struct OperationTarget {
     pub machine_ref: String,
+    /// The controller's words (`Pending`, `InProgress`, …); never interpreted here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase: Option<OperationPhase>,
+    pub phase: Option<String>,
+    /// The controller's stage (`PoweringOff`, `WaitingOn`, …); never interpreted here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stage: Option<TargetStage>,
+    pub stage: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -132,16 +140,7 @@ pub struct OperationTarget {
     pub attempts: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_attempt_at: Option<Time>,
-}
-
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
-pub enum TargetStage {
-    PoweringOff,
-    WaitingOff,
-    PoweringOn,
-    WaitingOn,
-    RepaveRequested,
-    WaitingRepave,
-    WaitingCloudInit,
-    WaitingNode,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Option<Vec<Condition>>,
 }

@@ -7,6 +7,9 @@ pub mod machine_operation;
 pub use machine::Machine;
 pub use machine_operation::MachineOperation;
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, JSONSchemaProps,
+};
 use kube::CustomResourceExt;
 
 pub const GROUP: &str = "unbounded-cloud.io";
@@ -20,10 +23,52 @@ pub(crate) fn preserve_unknown(_: &mut schemars::SchemaGenerator) -> schemars::S
     })
 }
 
+/// Schema of a field upstream declares a plain string (the Rust type may be an enum with an
+/// `Unknown` catch-all).
+pub(crate) fn string(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "string",
+        "nullable": true
+    })
+}
+
+/// What kube's derive leaves out and upstream's CRDs have: `listKind`, `apiVersion`, `kind`
+/// and `metadata` as properties, and no required `spec` (upstream accepts an object without
+/// one).
+fn as_upstream(mut crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    let names = &mut crd.spec.names;
+    names.list_kind = Some(format!("{}List", names.kind));
+    for version in &mut crd.spec.versions {
+        let Some(root) = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+        else {
+            continue;
+        };
+        root.required = None;
+        let props = root.properties.get_or_insert_with(Default::default);
+        for (name, type_) in [
+            ("apiVersion", "string"),
+            ("kind", "string"),
+            ("metadata", "object"),
+        ] {
+            props
+                .entry(name.to_string())
+                .or_insert_with(|| JSONSchemaProps {
+                    type_: Some(type_.to_string()),
+                    ..Default::default()
+                });
+        }
+    }
+    crd
+}
+
 /// Every CRD as (file name, YAML), in a stable order.
 pub fn crds() -> Result<Vec<(String, String)>, serde_saphyr::ser::Error> {
     [MachineOperation::crd(), Machine::crd()]
         .into_iter()
+        .map(as_upstream)
         .map(|crd| {
             let name = crd.metadata.name.clone().unwrap_or_default();
             let yaml = serde_saphyr::to_string(&crd)?;

@@ -1,21 +1,17 @@
-//! Agent archives for the host install (domain.md §3.4 "Archive rules"): download over http(s)
+//! Agent archives for the host install: download over http(s) (`http.rs`, the one HTTP stack)
 //! to a 0600 temporary file while hashing, with a size cap enforced as the bytes arrive; check
 //! the SHA-256 in constant time; then take the single member `flexnode-linux-<arch>` out of the
 //! tar.gz and install it as `<dir>/flexnode` (0755) with a rename.
 //!
-//! Every error message is a fixed string plus the redacted URL ([`safe_url`]): never the query
-//! (it may hold a SAS token), never userinfo, never a redirect target. Temporary files are
-//! removed on every path, including a cancelled future.
+//! Every error message is a fixed string plus the redacted URL (`ArchiveUrl`'s `Display`):
+//! never the query (it may hold a SAS token), never userinfo, never a redirect target.
+//! Temporary files are removed on every path, including a cancelled future.
 
-use super::atomic_file::{TempFile, sync_dir};
+use super::fs::{TempFile, sync_dir};
+use super::http::{self, MAX_REDIRECTS, Trust};
 use super::{EffectError, EffectResult};
-use crate::machine::validate::{Arch, ArchiveUrl, Sha256Hex};
-use http_body_util::{BodyExt, Empty};
-use hyper::body::Bytes;
-use hyper::{Request, StatusCode, Uri, header};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use crate::machine::agent::{Arch, ArchiveUrl, Sha256Hex};
+use futures::StreamExt;
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
 use std::path::Path;
@@ -28,8 +24,6 @@ pub const MAX_ARCHIVE_BYTES: u64 = 256 << 20;
 pub const MAX_MEMBER_BYTES: u64 = 256 << 20;
 /// Largest decompressed stream read from the archive.
 pub const MAX_UNPACKED_BYTES: u64 = 2 * (256 << 20);
-/// Redirects followed at most.
-pub const MAX_REDIRECTS: usize = 10;
 /// The name an installed agent binary has in its slot.
 pub const BINARY_NAME: &str = "flexnode";
 
@@ -38,28 +32,6 @@ pub fn member_name(arch: Arch) -> Option<String> {
     match arch {
         Arch::Amd64 | Arch::Arm64 => Some(format!("flexnode-linux-{}", arch.as_str())),
         Arch::Unsupported => None,
-    }
-}
-
-/// The URL as messages may show it: no userinfo, no query (replaced by `?<redacted>`), no
-/// fragment. For a validated URL this is exactly `ArchiveUrl`'s `Display`.
-pub fn safe_url(url: &ArchiveUrl) -> String {
-    let raw = url.expose();
-    let cut = raw.find(['?', '#']).unwrap_or(raw.len());
-    let (base, rest) = raw.split_at(cut);
-    let base = match base.split_once("://") {
-        Some((scheme, after)) => {
-            let auth_end = after.find('/').unwrap_or(after.len());
-            let (authority, path) = after.split_at(auth_end);
-            let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-            format!("{scheme}://{host}{path}")
-        }
-        None => base.to_string(),
-    };
-    if rest.starts_with('?') {
-        format!("{base}?<redacted>")
-    } else {
-        base
     }
 }
 
@@ -72,61 +44,6 @@ pub fn digest_matches(actual: &[u8; 32], expected: &Sha256Hex) -> bool {
         .zip(want.iter())
         .fold(0u8, |acc, (a, b)| acc | (a ^ b));
     std::hint::black_box(diff) == 0 && decoded
-}
-
-/// Why a redirect is not followed. Fixed strings only.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RedirectRefusal {
-    TooMany,
-    MissingLocation,
-    InvalidLocation,
-    UnsupportedScheme,
-    Downgrade,
-    Credentials,
-}
-
-impl RedirectRefusal {
-    pub fn message(self) -> &'static str {
-        match self {
-            Self::TooMany => "too many redirects",
-            Self::MissingLocation => "redirect without a location",
-            Self::InvalidLocation => "redirect to an invalid location",
-            Self::UnsupportedScheme => "redirect to a scheme other than http or https",
-            Self::Downgrade => "redirect from https to http refused",
-            Self::Credentials => "redirect to a URL with credentials refused",
-        }
-    }
-}
-
-/// Where a redirect from `from` leads, after `followed` earlier redirects. The policy: at most
-/// [`MAX_REDIRECTS`], http(s) only, never from https to http, never credentials in the target.
-pub fn redirect_target(
-    from: &url::Url,
-    location: Option<&str>,
-    followed: usize,
-    max: usize,
-) -> Result<url::Url, RedirectRefusal> {
-    if followed >= max {
-        return Err(RedirectRefusal::TooMany);
-    }
-    let location = location.ok_or(RedirectRefusal::MissingLocation)?;
-    let mut next = from
-        .join(location)
-        .map_err(|_| RedirectRefusal::InvalidLocation)?;
-    match next.scheme() {
-        "https" => {}
-        "http" if from.scheme() == "https" => return Err(RedirectRefusal::Downgrade),
-        "http" => {}
-        _ => return Err(RedirectRefusal::UnsupportedScheme),
-    }
-    if !next.username().is_empty() || next.password().is_some() {
-        return Err(RedirectRefusal::Credentials);
-    }
-    if next.host_str().is_none_or(str::is_empty) {
-        return Err(RedirectRefusal::InvalidLocation);
-    }
-    next.set_fragment(None);
-    Ok(next)
 }
 
 /// Size caps of one archive.
@@ -155,6 +72,7 @@ pub struct ArchiveFetcher {
     read_timeout: Duration,
     total_timeout: Duration,
     max_redirects: usize,
+    trust: Trust,
 }
 
 impl Default for ArchiveFetcher {
@@ -185,8 +103,6 @@ impl Download {
     }
 }
 
-type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Empty<Bytes>>;
-
 impl ArchiveFetcher {
     /// Production limits: 256 MiB, 10 redirects, connect 15 s, read 60 s, whole download 10 min.
     pub fn new() -> Self {
@@ -196,7 +112,14 @@ impl ArchiveFetcher {
             read_timeout: Duration::from_secs(60),
             total_timeout: Duration::from_secs(600),
             max_redirects: MAX_REDIRECTS,
+            trust: Trust::default(),
         }
+    }
+
+    /// What TLS trusts besides the system store.
+    pub fn with_trust(mut self, trust: Trust) -> Self {
+        self.trust = trust;
+        self
     }
 
     pub fn with_limits(mut self, limits: ArchiveLimits) -> Self {
@@ -232,14 +155,13 @@ impl ArchiveFetcher {
         let download = self.download(url, dir).await?;
         if !digest_matches(download.sha256(), sha256) {
             return Err(EffectError::Failed(format!(
-                "archive downloaded from {} does not match sha256 {}",
-                safe_url(url),
+                "archive downloaded from {url} does not match sha256 {}",
                 sha256.short()
             )));
         }
         let limits = self.limits;
         let dir = dir.to_path_buf();
-        let shown = safe_url(url);
+        let shown = url.to_string();
         tokio::task::spawn_blocking(move || {
             let result = install_member(download.path(), &member, &dir, BINARY_NAME, limits);
             drop(download);
@@ -251,7 +173,7 @@ impl ArchiveFetcher {
 
     /// Downloads `url` into a 0600 temporary file in `dir`, hashing as it goes.
     pub async fn download(&self, url: &ArchiveUrl, dir: &Path) -> EffectResult<Download> {
-        let shown = safe_url(url);
+        let shown = url.to_string();
         match tokio::time::timeout(self.total_timeout, self.download_inner(url, dir, &shown)).await
         {
             Ok(result) => result,
@@ -277,43 +199,23 @@ impl ArchiveFetcher {
             return Err(failed("URL must not contain credentials"));
         }
         current.set_fragment(None);
-        let client = self.client().map_err(|e| failed(&e))?;
-        let mut followed = 0usize;
-        let response = loop {
-            let uri: Uri = current
-                .as_str()
-                .parse()
-                .map_err(|_| failed("invalid URL"))?;
-            let request = Request::get(uri)
-                .header(header::USER_AGENT, format!("flexnode/{}", crate::VERSION))
-                .body(Empty::<Bytes>::new())
-                .map_err(|_| failed("invalid request"))?;
-            let response = tokio::time::timeout(self.read_timeout, client.request(request))
-                .await
-                .map_err(|_| failed("timed out waiting for a response"))?
-                .map_err(|e| failed(&transport_error(&e)))?;
-            let status = response.status();
-            if is_redirect(status) {
-                let location = response
-                    .headers()
-                    .get(header::LOCATION)
-                    .and_then(|v| v.to_str().ok());
-                current = redirect_target(&current, location, followed, self.max_redirects)
-                    .map_err(|r| failed(r.message()))?;
-                followed += 1;
-                continue;
-            }
-            if status != StatusCode::OK {
-                return Err(failed(&format!("HTTP {}", status.as_u16())));
-            }
-            break response;
-        };
+        let client = http::client(
+            &self.trust,
+            self.connect_timeout,
+            self.read_timeout,
+            self.max_redirects,
+        )?;
+        let response = client
+            .get(current.as_str())
+            .send()
+            .await
+            .map_err(|e| failed(&http::describe(&e)))?;
+        let status = response.status();
+        if status.as_u16() != 200 {
+            return Err(failed(&format!("HTTP {}", status.as_u16())));
+        }
         let cap = self.limits.max_download;
-        let declared = response
-            .headers()
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok());
+        let declared = response.content_length();
         if declared.is_some_and(|n| n > cap) {
             return Err(failed(&too_large(cap)));
         }
@@ -341,16 +243,9 @@ impl ArchiveFetcher {
         };
         let mut hasher = Sha256::new();
         let mut size = 0u64;
-        let mut body = response.into_body();
-        loop {
-            let frame = tokio::time::timeout(self.read_timeout, body.frame())
-                .await
-                .map_err(|_| failed("timed out reading the body"))?;
-            let Some(frame) = frame else { break };
-            let frame = frame.map_err(|e| failed(&transport_error(&e)))?;
-            let Ok(chunk) = frame.into_data() else {
-                continue;
-            };
+        let mut body = response.bytes_stream();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| failed(&http::describe(&e)))?;
             size = size.saturating_add(chunk.len() as u64);
             if size > cap {
                 return Err(failed(&too_large(cap)));
@@ -367,68 +262,10 @@ impl ArchiveFetcher {
         sha256.copy_from_slice(&hasher.finalize());
         Ok(Download { file, size, sha256 })
     }
-
-    fn client(&self) -> Result<HttpsClient, String> {
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_connect_timeout(Some(self.connect_timeout));
-        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-        let builder = hyper_rustls::HttpsConnectorBuilder::new();
-        // Without trusted roots, plain http still works and https fails at the handshake.
-        let builder = match builder.with_provider_and_native_roots(provider.clone()) {
-            Ok(b) => b,
-            Err(_) => {
-                let config = rustls::ClientConfig::builder_with_provider(provider)
-                    .with_safe_default_protocol_versions()
-                    .map_err(|_| "TLS setup failed".to_string())?
-                    .with_root_certificates(rustls::RootCertStore::empty())
-                    .with_no_client_auth();
-                hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(config)
-            }
-        };
-        let connector = builder.https_or_http().enable_http1().wrap_connector(http);
-        Ok(Client::builder(TokioExecutor::new()).build(connector))
-    }
-}
-
-fn is_redirect(status: StatusCode) -> bool {
-    matches!(status.as_u16(), 301 | 302 | 303 | 307 | 308)
 }
 
 fn too_large(cap: u64) -> String {
     format!("archive is larger than {} MiB", cap >> 20)
-}
-
-/// A transport error as a fixed description: the kind of I/O or TLS failure, never a URL.
-fn transport_error(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    let mut connect = false;
-    let mut kind: Option<std::io::ErrorKind> = None;
-    while let Some(err) = source {
-        if let Some(c) = err.downcast_ref::<hyper_util::client::legacy::Error>() {
-            connect |= c.is_connect();
-        }
-        if let Some(tls) = err.downcast_ref::<rustls::Error>() {
-            return format!("TLS: {tls}");
-        }
-        if let Some(io) = err.downcast_ref::<std::io::Error>() {
-            // The innermost specific kind wins over wrappers' `Other`.
-            if kind.is_none() || io.kind() != std::io::ErrorKind::Other {
-                kind = Some(io.kind());
-            }
-            if let Some(inner) = io.get_ref() {
-                source = Some(inner);
-                continue;
-            }
-        }
-        source = err.source();
-    }
-    let what = if connect { "connect" } else { "transfer" };
-    match kind {
-        Some(kind) => format!("{what}: {kind}"),
-        None if connect => "could not connect".into(),
-        None => "transfer failed".into(),
-    }
 }
 
 /// A reader that fails once more than `left` bytes come through it.
@@ -546,67 +383,6 @@ pub fn install_member(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn url(s: &str) -> ArchiveUrl {
-        serde_json::from_value(serde_json::Value::String(s.into())).expect("url")
-    }
-
-    #[test]
-    fn safe_url_drops_query_userinfo_fragment() {
-        assert_eq!(
-            safe_url(&url("https://h.example/a/b.tgz?sig=SECRET&x=1")),
-            "https://h.example/a/b.tgz?<redacted>"
-        );
-        assert_eq!(
-            safe_url(&url("https://user:pw@h.example:8443/b.tgz#frag")),
-            "https://h.example:8443/b.tgz"
-        );
-        assert_eq!(
-            safe_url(&url("https://h.example/b.tgz")),
-            "https://h.example/b.tgz"
-        );
-        let validated = url("https://h.example/x.tgz?se=1&sig=abc");
-        assert_eq!(safe_url(&validated), validated.to_string());
-    }
-
-    #[test]
-    fn redirect_policy() {
-        let https = url::Url::parse("https://a.example/x/y.tgz?sig=1").expect("url");
-        let http = url::Url::parse("http://a.example/x/y.tgz").expect("url");
-        assert_eq!(
-            redirect_target(&https, Some("/z.tgz"), 0, 10).map(|u| u.to_string()),
-            Ok("https://a.example/z.tgz".to_string())
-        );
-        assert_eq!(
-            redirect_target(&https, Some("https://b.example/q#f"), 9, 10).map(|u| u.to_string()),
-            Ok("https://b.example/q".to_string())
-        );
-        assert_eq!(
-            redirect_target(&https, Some("http://a.example/z.tgz"), 0, 10),
-            Err(RedirectRefusal::Downgrade)
-        );
-        assert_eq!(
-            redirect_target(&http, Some("https://a.example/z.tgz"), 0, 10)
-                .map(|u| u.scheme().to_string()),
-            Ok("https".to_string())
-        );
-        assert_eq!(
-            redirect_target(&http, Some("ftp://a.example/z"), 0, 10),
-            Err(RedirectRefusal::UnsupportedScheme)
-        );
-        assert_eq!(
-            redirect_target(&http, Some("http://u:p@a.example/z"), 0, 10),
-            Err(RedirectRefusal::Credentials)
-        );
-        assert_eq!(
-            redirect_target(&http, None, 0, 10),
-            Err(RedirectRefusal::MissingLocation)
-        );
-        assert_eq!(
-            redirect_target(&http, Some("/z"), 10, 10),
-            Err(RedirectRefusal::TooMany)
-        );
-    }
 
     #[test]
     fn digest_compare() {

@@ -4,17 +4,18 @@
 //! may call a method again after a crash, and it must then only finish what is missing.
 
 pub mod archive;
-pub(crate) mod atomic_file;
 pub mod containerd;
+pub(crate) mod fs;
 pub mod host;
-pub mod lazy_containerd;
-pub mod sim;
+pub mod http;
+pub mod kube;
 pub mod systemd;
 
 use crate::machine::Timestamp;
-use crate::machine::effect::{MachinePhase, OpResult};
-use crate::machine::state::{AgentBuild, InstallMode, OpRef, Side};
-use crate::machine::validate::{ArchiveUrl, Sha256Hex};
+use crate::machine::agent::{AgentBuild, InstallMode};
+use crate::machine::agent::{ArchiveUrl, Sha256Hex};
+use crate::machine::result::{MachinePhase, OpResult};
+use crate::machine::state::{OpRef, Side};
 use std::future::Future;
 
 /// An effect that did not happen. Messages never contain secrets: implementations build them
@@ -186,10 +187,14 @@ pub trait Host: Send + Sync {
 
 /// The API server: MachineOperation and Machine status.
 pub trait Publisher: Send + Sync {
+    /// `started_at` becomes `startedAt` unless one is there; `machine_generation` (0 = no
+    /// Machine) the `observedMachineGeneration`.
     fn report_progress(
         &self,
         op: &OpRef,
         message: &str,
+        machine_generation: i64,
+        started_at: Timestamp,
     ) -> impl Future<Output = EffectResult> + Send;
     fn publish_result(
         &self,

@@ -6,13 +6,29 @@ use crate::effects::{
     AGENT_UNIT, BOOTSTRAP_UNIT, Containerd, EffectError, EffectResult, Host, Publisher,
     RECOVERY_UNIT, RESET_UNIT, Systemd, machine_unit,
 };
-use crate::machine::state::{AgentBuild, Side};
-use crate::machine::validate::UpgradeTarget;
+use crate::machine::agent::{AgentBuild, InstallMode, UpgradeTarget};
+use crate::machine::state::Side;
 use crate::machine::{Effect, Timestamp};
 use crate::store::StoreError;
 
 fn store_failed(e: StoreError) -> EffectError {
     EffectError::Failed(format!("store: {e}"))
+}
+
+/// `WriteUnits`: the install mode's units as this build ships them, dependencies first, then
+/// one reload. Also what `flexnode join` converges a joined host with.
+pub async fn write_units(systemd: &impl Systemd, mode: InstallMode) -> EffectResult {
+    for (name, contents) in crate::units::for_mode(mode) {
+        systemd.write_unit(name, contents).await?;
+    }
+    systemd.daemon_reload().await
+}
+
+/// `StartAgent`: enabled, and started without waiting (the agent waits for the store the
+/// caller holds); starting a running agent changes nothing.
+pub async fn start_agent(systemd: &impl Systemd) -> EffectResult {
+    systemd.enable(AGENT_UNIT).await?;
+    systemd.start_no_wait(AGENT_UNIT).await
 }
 
 impl<S, C, H, P, K> Runner<S, C, H, P, K>
@@ -31,8 +47,15 @@ where
         let now = self.clock.now();
         let fx = &self.effects;
         match effect {
-            Effect::ReportProgress { op, message } => {
-                fx.publisher.report_progress(op, message).await
+            Effect::ReportProgress {
+                op,
+                message,
+                machine_generation,
+                started_at,
+            } => {
+                fx.publisher
+                    .report_progress(op, message, *machine_generation, *started_at)
+                    .await
             }
             // Durable first; delivery may fail and is retried from the outbox.
             Effect::PublishResult { op, result } => {
@@ -65,17 +88,8 @@ where
                 other => other,
             },
             Effect::InstallAgent { mode, build } => fx.host.install_agent(*mode, build).await,
-            Effect::WriteUnits { mode } => {
-                for (name, contents) in crate::units::for_mode(*mode) {
-                    fx.systemd.write_unit(name, contents).await?;
-                }
-                fx.systemd.daemon_reload().await
-            }
-            // Not waited for: the agent waits for the store this process holds.
-            Effect::StartAgent => {
-                fx.systemd.enable(AGENT_UNIT).await?;
-                fx.systemd.start_no_wait(AGENT_UNIT).await
-            }
+            Effect::WriteUnits { mode } => write_units(&fx.systemd, *mode).await,
+            Effect::StartAgent => start_agent(&fx.systemd).await,
             Effect::StageAgent { target, candidate } => {
                 match target {
                     UpgradeTarget::Archive { url, sha256 } => {

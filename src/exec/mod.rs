@@ -3,10 +3,11 @@
 
 mod apply;
 
+pub use apply::{start_agent, write_units};
+
 use crate::effects::{Containerd, EffectError, Effects, Host, Publisher, Systemd};
-use crate::machine::input::ClaimKind;
+use crate::machine::agent::AgentBuild;
 use crate::machine::policy::Policy;
-use crate::machine::state::AgentBuild;
 use crate::machine::{Input, NodeState, Refusal, Timestamp, step};
 use crate::store::{Intent, Store, StoreError};
 
@@ -106,7 +107,7 @@ where
             if let Input::OperationClaimed(claim) = &input {
                 self.store.record_claim(
                     &claim.op,
-                    claim_kind(&claim.kind),
+                    claim.kind.name(),
                     claim.machine_generation,
                     now,
                 )?;
@@ -235,14 +236,5 @@ where
             }
         }
         Ok(left)
-    }
-}
-
-fn claim_kind(kind: &ClaimKind) -> &str {
-    match kind {
-        ClaimKind::NodeReboot => "NodeReboot",
-        ClaimKind::AgentReset => "AgentReset",
-        ClaimKind::AgentUpgrade { .. } => "AgentUpgrade",
-        ClaimKind::Unsupported { kind } => kind,
     }
 }

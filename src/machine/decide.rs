@@ -1,4 +1,5 @@
-//! The repave decision table (domain.md §4.3): what the Node and Machine ask of a resting node.
+//! The repave decision table: what the Node and Machine ask of a resting node (the table in
+//! docs/design.md, "The state machine").
 
 use super::input::{GoalObservation, MachineObservation, NodeObservation};
 use super::state::Goal;

@@ -1,74 +1,13 @@
 //! Effects are data: the core says what should happen, the executor makes it happen.
 
-use super::state::{AgentBuild, InstallMode, OpRef, Side};
+use super::state::{OpRef, Side};
+
+use super::agent::UpgradeTarget;
+use super::agent::{AgentBuild, InstallMode};
+use super::result::{MachinePhase, OpResult};
 use super::time::Timestamp;
-use super::validate::UpgradeTarget;
 use serde::{Deserialize, Serialize};
 use std::fmt;
-
-/// Reasons of the MachineOperation `Completed` condition (domain.md §3.9).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum ResultReason {
-    Succeeded,
-    InvalidParameters,
-    ExecutionFailed,
-    DaemonFailed,
-    UnsupportedOperation,
-}
-
-impl ResultReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Succeeded => "Succeeded",
-            Self::InvalidParameters => "InvalidParameters",
-            Self::ExecutionFailed => "ExecutionFailed",
-            Self::DaemonFailed => "DaemonFailed",
-            Self::UnsupportedOperation => "UnsupportedOperation",
-        }
-    }
-
-    /// `Complete` for success, `Failed` otherwise.
-    pub fn phase(self) -> &'static str {
-        match self {
-            Self::Succeeded => "Complete",
-            Self::InvalidParameters
-            | Self::ExecutionFailed
-            | Self::DaemonFailed
-            | Self::UnsupportedOperation => "Failed",
-        }
-    }
-}
-
-/// A terminal operation result. Messages are fixed strings or already-redacted error text.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct OpResult {
-    pub reason: ResultReason,
-    pub message: String,
-    pub started_at: Timestamp,
-    pub machine_generation: i64,
-}
-
-/// Machine `status.phase` values flexnode writes (decisions.md §1).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum MachinePhase {
-    Joining,
-    Ready,
-    Rebooting,
-    Provisioning,
-    Failed,
-}
-
-impl MachinePhase {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Joining => "Joining",
-            Self::Ready => "Ready",
-            Self::Rebooting => "Rebooting",
-            Self::Provisioning => "Provisioning",
-            Self::Failed => "Failed",
-        }
-    }
-}
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "effect", rename_all = "camelCase")]
@@ -77,6 +16,13 @@ pub enum Effect {
     ReportProgress {
         op: OpRef,
         message: String,
+        /// The Machine generation the operation runs against (0 = no Machine). Older
+        /// journals lack both fields.
+        #[serde(default)]
+        machine_generation: i64,
+        /// When the operation was claimed: its `startedAt`.
+        #[serde(default)]
+        started_at: Timestamp,
     },
     /// Persist the terminal result, then publish it (outbox: re-published, never re-executed).
     PublishResult {

@@ -1,11 +1,16 @@
 //! Inputs reach the single state-machine owner as messages: from watches, timers, the CLI,
 //! effect completions and daemon start-up.
 
-use super::state::{AgentBuild, Goal, InstallMode, OpRef};
-use super::validate::Arch;
+use super::state::{Goal, OpRef};
+
+use super::agent::Arch;
+use super::agent::{AgentBuild, InstallMode};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
+
+/// What the recovery unit reports by default (`flexnode recover-agent-upgrade`).
+pub const RECOVERY_MESSAGE: &str = "upgraded daemon failed repeatedly; restored last-good agent";
 
 /// What `flexnode join` asks for.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -27,10 +32,17 @@ pub enum ClaimKind {
     AgentUpgrade {
         parameters: BTreeMap<String, String>,
     },
-    /// A kind the agent knows but does not run here.
-    Unsupported {
-        kind: String,
-    },
+}
+
+impl ClaimKind {
+    /// The operation kind's name, as the MachineOperation's `operationKind` spells it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::NodeReboot => "NodeReboot",
+            Self::AgentReset => "AgentReset",
+            Self::AgentUpgrade { .. } => "AgentUpgrade",
+        }
+    }
 }
 
 /// A MachineOperation addressed to this node, phase empty or Pending.
@@ -112,13 +124,7 @@ impl fmt::Display for Input {
         match self {
             Self::Join(j) => write!(f, "({} {})", j.node_name, j.mode.as_str()),
             Self::OperationClaimed(c) => {
-                let kind = match &c.kind {
-                    ClaimKind::NodeReboot => "NodeReboot",
-                    ClaimKind::AgentReset => "AgentReset",
-                    ClaimKind::AgentUpgrade { .. } => "AgentUpgrade",
-                    ClaimKind::Unsupported { kind } => kind.as_str(),
-                };
-                write!(f, "({kind} {})", c.op)
+                write!(f, "({} {})", c.kind.name(), c.op)
             }
             Self::GoalObserved(g) => {
                 let node = match g.node {

@@ -6,11 +6,13 @@
 //! refusals. The executor (`crate::exec`) is the only place that turns effects into actions.
 #![deny(clippy::wildcard_enum_match_arm)]
 
+pub mod agent;
 pub mod decide;
 pub mod effect;
 pub mod input;
 pub mod policy;
 pub mod refusal;
+pub mod result;
 pub mod state;
 pub mod step;
 pub mod table;

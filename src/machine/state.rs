@@ -1,27 +1,11 @@
 //! Node states. Each variant carries the data it needs (operation, target, attempt, deadline),
 //! so a stored state is enough to resume after a crash.
 
+use super::agent::{AgentBuild, InstallMode};
+use super::agent::{Arch, UpgradeTarget};
 use super::time::Timestamp;
-use super::validate::{Arch, Sha256Hex, UpgradeTarget};
 use serde::{Deserialize, Serialize};
 use std::fmt;
-
-/// Where the agent itself lives: a binary on the host, or privileged containers of its image.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum InstallMode {
-    Host,
-    Container,
-}
-
-impl InstallMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Host => "host",
-            Self::Container => "container",
-        }
-    }
-}
 
 /// The blue/green nspawn machines that run the kubelet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -43,48 +27,6 @@ impl Side {
         match self {
             Self::Kube1 => "kube1",
             Self::Kube2 => "kube2",
-        }
-    }
-}
-
-/// Host-install slots under `/opt/flexnode/lib/`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Slot {
-    Blue,
-    Green,
-}
-
-impl Slot {
-    pub fn other(self) -> Self {
-        match self {
-            Self::Blue => Self::Green,
-            Self::Green => Self::Blue,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Blue => "blue",
-            Self::Green => "green",
-        }
-    }
-}
-
-/// Which agent build runs (or should run): a slot for the host install, an image digest for
-/// the container install. Install mode is thereby a parameter of every upgrade transition.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "camelCase")]
-pub enum AgentBuild {
-    Slot { slot: Slot },
-    Image { digest: Sha256Hex },
-}
-
-impl fmt::Display for AgentBuild {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Slot { slot } => write!(f, "slot {}", slot.name()),
-            Self::Image { digest } => write!(f, "image sha256:{}", digest.short()),
         }
     }
 }
@@ -186,7 +128,7 @@ pub enum UpgradePhase {
     /// Undo the switch. `restart` means the agent unit is being restarted onto the old build
     /// (recovery path), so the result waits for that daemon.
     RollingBack {
-        reason: super::effect::ResultReason,
+        reason: super::result::ResultReason,
         message: String,
         restart: bool,
     },

@@ -8,17 +8,18 @@
 //! state and `now` alike shifts the result alike (`tests/machine_props.rs` checks this), so
 //! two states equal after the shift have the same edges. Nothing else is merged.
 
-use super::effect::{Effect, OpResult};
+use super::effect::Effect;
+
+use super::agent::{AgentBuild, InstallMode, Slot};
+use super::agent::{Arch, Sha256Hex};
 use super::input::{
     Claim, ClaimKind, GoalObservation, Input, JoinRequest, MachineObservation, NodeObservation,
 };
 use super::policy::Policy;
-use super::state::{
-    AgentBuild, Goal, InstallMode, NodeState, OpRef, OpRun, RepavePhase, Slot, UpgradePhase,
-};
+use super::result::OpResult;
+use super::state::{Goal, NodeState, OpRef, OpRun, RepavePhase, UpgradePhase};
 use super::step::step;
 use super::time::Timestamp;
-use super::validate::{Arch, Sha256Hex};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 /// The moment every explored state is relative to.
@@ -66,9 +67,6 @@ pub fn claim_kinds() -> Vec<ClaimKind> {
         upgrade("https://artifacts.example/flexnode.tar.gz?sig=s3cr3t"),
         upgrade("oci://registry.example/flexnode:v2"),
         upgrade("ftp://artifacts.example/flexnode.tar.gz"),
-        ClaimKind::Unsupported {
-            kind: "HostReboot".into(),
-        },
     ]
 }
 
@@ -363,8 +361,18 @@ pub fn shift_effect(effect: &Effect, ms: i64) -> Effect {
             side: *side,
             not_before: shift(*not_before, ms),
         },
-        Effect::ReportProgress { .. }
-        | Effect::AwaitPublished { .. }
+        Effect::ReportProgress {
+            op,
+            message,
+            machine_generation,
+            started_at,
+        } => Effect::ReportProgress {
+            op: op.clone(),
+            message: message.clone(),
+            machine_generation: *machine_generation,
+            started_at: shift(*started_at, ms),
+        },
+        Effect::AwaitPublished { .. }
         | Effect::ReportMachine { .. }
         | Effect::InstallAgent { .. }
         | Effect::WriteUnits { .. }

@@ -1,172 +1,18 @@
-//! AgentUpgrade parameter validation for both install modes (domain.md §3.4–3.5).
+//! AgentUpgrade parameter validation for both install modes (docs/design.md, "The state
+//! machine", says what each accepts).
 //!
 //! Every rejection is a fixed string: a URL may carry a SAS token in its query or credentials in
 //! its userinfo, and parser errors echo their input, so no part of the input ever reaches a
 //! message.
 
-use super::state::InstallMode;
+use super::agent::InstallMode;
+use super::agent::{Arch, ArchiveUrl, ImageRef, Sha256Hex, UpgradeTarget};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
 
 pub const PARAM_URL: &str = "downloadURL";
 pub const PARAM_SHA256: &str = "sha256";
-
-/// CPU architectures an agent build exists for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Arch {
-    Amd64,
-    Arm64,
-    Unsupported,
-}
-
-impl Arch {
-    /// Maps Rust's target architecture names onto the release naming.
-    pub fn from_rust(arch: &str) -> Self {
-        match arch {
-            "x86_64" => Self::Amd64,
-            "aarch64" => Self::Arm64,
-            _ => Self::Unsupported,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Amd64 => "amd64",
-            Self::Arm64 => "arm64",
-            Self::Unsupported => "unsupported",
-        }
-    }
-}
-
-/// A lowercase 64-hex SHA-256 value.
-#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct Sha256Hex(String);
-
-impl Sha256Hex {
-    /// Accepts an optional `sha256:` prefix and either case; stores lowercase.
-    pub fn parse(raw: &str) -> Option<Self> {
-        let raw = raw.trim();
-        let hex = raw.strip_prefix("sha256:").unwrap_or(raw);
-        (hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
-            .then(|| Self(hex.to_ascii_lowercase()))
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    /// The `sha256:<hex>` form OCI uses.
-    pub fn oci(&self) -> String {
-        format!("sha256:{}", self.0)
-    }
-
-    pub fn short(&self) -> &str {
-        &self.0[..12]
-    }
-}
-
-impl TryFrom<String> for Sha256Hex {
-    type Error = &'static str;
-    fn try_from(value: String) -> Result<Self, Self::Error> {
-        Self::parse(&value).ok_or("not a 64-hex sha256 value")
-    }
-}
-
-impl From<Sha256Hex> for String {
-    fn from(value: Sha256Hex) -> Self {
-        value.0
-    }
-}
-
-impl fmt::Debug for Sha256Hex {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "sha256:{}", self.0)
-    }
-}
-
-impl fmt::Display for Sha256Hex {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "sha256:{}", self.0)
-    }
-}
-
-/// An http(s) archive URL. It is kept whole for the download, but `Display` and `Debug` drop the
-/// query (which may hold a SAS token), so journal lines and logs never carry it.
-#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct ArchiveUrl(String);
-
-impl ArchiveUrl {
-    /// The full URL, for the downloader only.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-
-    pub fn redacted(&self) -> String {
-        match self.0.split_once('?') {
-            Some((base, _)) => format!("{base}?<redacted>"),
-            None => self.0.clone(),
-        }
-    }
-}
-
-impl fmt::Debug for ArchiveUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.redacted())
-    }
-}
-
-impl fmt::Display for ArchiveUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.redacted())
-    }
-}
-
-/// A fully qualified image repository with an optional tag, never a digest (the digest travels
-/// separately in `sha256`). Validation leaves no room for userinfo, query or fragment.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct ImageRef {
-    pub registry: String,
-    pub repository: String,
-    pub tag: Option<String>,
-}
-
-impl ImageRef {
-    /// `registry/repository@sha256:…`, the form a pull by digest uses.
-    pub fn pinned(&self, digest: &Sha256Hex) -> String {
-        format!("{}/{}@{}", self.registry, self.repository, digest.oci())
-    }
-}
-
-impl fmt::Display for ImageRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "oci://{}/{}", self.registry, self.repository)?;
-        match &self.tag {
-            Some(tag) => write!(f, ":{tag}"),
-            None => Ok(()),
-        }
-    }
-}
-
-/// What an accepted AgentUpgrade will install.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "camelCase")]
-pub enum UpgradeTarget {
-    Archive { url: ArchiveUrl, sha256: Sha256Hex },
-    Image { image: ImageRef, digest: Sha256Hex },
-}
-
-impl fmt::Display for UpgradeTarget {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Archive { url, sha256 } => write!(f, "{url} ({})", sha256.short()),
-            Self::Image { image, digest } => write!(f, "{image}@{digest}"),
-        }
-    }
-}
 
 /// Why AgentUpgrade parameters were rejected. Each maps to one fixed message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -274,7 +120,7 @@ fn parse_archive_url(raw: &str) -> Result<ArchiveUrl, InvalidParameter> {
     if parsed.host_str().is_none_or(str::is_empty) {
         return Err(InvalidParameter::MissingHost);
     }
-    Ok(ArchiveUrl(parsed.to_string()))
+    Ok(ArchiveUrl::validated(parsed.to_string()))
 }
 
 /// Parses `registry[:port]/path[:tag]` following the distribution reference grammar, and

@@ -1,4 +1,5 @@
-//! Which MachineOperations are this node's, and what claiming one means (domain.md §3.1).
+//! Which MachineOperations are this node's, and what claiming one means (docs/design.md,
+//! "Reconciler").
 
 use crate::api::machine_operation::{MachineOperation, OperationKind, OperationPhase};
 use crate::machine::input::{Claim, ClaimKind};

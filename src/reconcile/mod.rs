@@ -4,7 +4,6 @@
 
 pub mod address;
 pub mod owner;
-pub mod publisher;
 pub mod watch;
 
 use crate::api::{Machine, MachineOperation};

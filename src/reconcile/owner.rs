@@ -2,25 +2,23 @@
 
 use super::{DELETION_TAINT, Msg, address, watch};
 use crate::api::{Machine, MachineOperation};
-use crate::effects::{Containerd, Effects, Host, Systemd};
+use crate::effects::kube::KubePublisher;
+use crate::effects::{Containerd, Host, Systemd};
 use crate::exec::{Clock, ExecError, Fed, Runner, SystemClock};
+use crate::machine::agent::AgentBuild;
 use crate::machine::input::{GoalObservation, MachineObservation, NodeObservation};
-use crate::machine::state::{AgentBuild, Goal};
+use crate::machine::state::Goal;
 use crate::machine::{Input, NodeState, Refusal};
-use crate::reconcile::publisher::KubePublisher;
-use crate::store::Store;
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::api::{Api, DeleteParams, Preconditions};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
 #[derive(Clone, Debug)]
 pub struct DaemonConfig {
     pub node_name: String,
-    pub state_path: PathBuf,
     /// How often deadlines, TTLs, the outbox and waiting claims are looked at.
     pub tick: Duration,
 }
@@ -33,7 +31,9 @@ pub enum DaemonError {
     Store(#[from] crate::store::StoreError),
 }
 
-type KubeRunner<S, C, H> = Runner<S, C, H, KubePublisher, SystemClock>;
+/// The daemon's executor: this host's effects and the API server as publisher
+/// (`cli/wiring.rs` assembles it).
+pub type KubeRunner<S, C, H> = Runner<S, C, H, KubePublisher, SystemClock>;
 
 struct Owner<S, C, H> {
     runner: KubeRunner<S, C, H>,
@@ -49,13 +49,11 @@ struct Owner<S, C, H> {
     last_observed: Option<GoalObservation>,
 }
 
-/// Runs the daemon until `shutdown` completes (or the task is dropped).
+/// Runs the daemon with `runner` until `shutdown` completes (or the task is dropped).
 pub async fn run<S, C, H>(
     config: DaemonConfig,
     client: Client,
-    systemd: S,
-    containerd: C,
-    host: H,
+    runner: KubeRunner<S, C, H>,
     running: AgentBuild,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), DaemonError>
@@ -64,16 +62,8 @@ where
     C: Containerd,
     H: Host,
 {
-    let store = Store::open_waiting(&config.state_path, STORE_PATIENCE).await?;
-    let publisher = KubePublisher::new(client.clone(), &config.node_name);
-    let effects = Effects {
-        systemd,
-        containerd,
-        host,
-        publisher,
-    };
     let mut owner = Owner {
-        runner: Runner::new(store, effects, SystemClock),
+        runner,
         client: client.clone(),
         node_name: config.node_name.clone(),
         ops: BTreeMap::new(),
@@ -133,9 +123,6 @@ where
     owner.runner.store.checkpoint()?;
     Ok(())
 }
-
-/// How long a starting daemon waits for the store held by the command that started it.
-const STORE_PATIENCE: Duration = Duration::from_secs(120);
 
 /// Tells systemd; a no-op outside a `Type=notify` unit.
 fn notify(state: sd_notify::NotifyState<'_>) {

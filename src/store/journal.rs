@@ -26,13 +26,16 @@ pub fn recent(conn: &Connection, limit: i64) -> Result<Vec<JournalEntry>, StoreE
     )?;
     let rows = stmt.query_map(params![limit], |r| {
         let effects: String = r.get(5)?;
+        let effects = serde_json::from_str(&effects).map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(5, rusqlite::types::Type::Text, Box::new(e))
+        })?;
         Ok(JournalEntry {
             seq: r.get(0)?,
             at: Timestamp::from_millis(r.get(1)?),
             from: r.get(2)?,
             input: r.get(3)?,
             to: r.get(4)?,
-            effects: serde_json::from_str(&effects).unwrap_or_else(|_| vec![effects]),
+            effects,
             outcome: r.get(6)?,
         })
     })?;

@@ -3,7 +3,7 @@
 
 use super::{Store, StoreError, StoreReader};
 use crate::machine::Timestamp;
-use crate::machine::effect::{OpResult, ResultReason};
+use crate::machine::result::{OpResult, ResultReason};
 use crate::machine::state::OpRef;
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -15,14 +15,15 @@ pub struct StoredResult {
     pub published_at: Option<Timestamp>,
 }
 
-fn reason_from(s: &str) -> ResultReason {
-    match s {
-        "Succeeded" => ResultReason::Succeeded,
-        "InvalidParameters" => ResultReason::InvalidParameters,
-        "DaemonFailed" => ResultReason::DaemonFailed,
-        "UnsupportedOperation" => ResultReason::UnsupportedOperation,
-        _ => ResultReason::ExecutionFailed,
-    }
+/// A reason the store holds is one flexnode wrote: anything else is damage, never a guess.
+fn reason_from(column: usize, s: &str) -> rusqlite::Result<ResultReason> {
+    ResultReason::parse(s).ok_or_else(|| {
+        rusqlite::Error::FromSqlConversionFailure(
+            column,
+            rusqlite::types::Type::Text,
+            format!("unknown result reason {s:?}").into(),
+        )
+    })
 }
 
 const SELECT: &str = "SELECT uid, name, result_reason, result_message, started_at, completed_at,
@@ -36,7 +37,7 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StoredResult> {
             name: r.get(1)?,
         },
         result: OpResult {
-            reason: reason_from(&reason),
+            reason: reason_from(2, &reason)?,
             message: r.get(3)?,
             started_at: Timestamp::from_millis(r.get(4)?),
             machine_generation: r.get(6)?,

@@ -2,11 +2,11 @@
 
 use super::containerd::ContainerdFixture;
 use super::systemd::{FAILING_SERVICE, SystemdFixture};
-use flexnode::effects::sim::{Build, SimHost};
 use flexnode::effects::{Host, Systemd};
 use flexnode::exec::{Clock, SystemClock};
+use flexnode::machine::agent::Sha256Hex;
 use flexnode::machine::state::Side;
-use flexnode::machine::validate::Sha256Hex;
+use flexnode::sim::{Build, SimHost};
 use sha2::{Digest, Sha256};
 
 pub struct Sim {

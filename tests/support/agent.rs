@@ -4,12 +4,12 @@
 use super::Lab;
 use flexnode::api::Machine;
 use flexnode::api::machine::{KubernetesSpec, MachineSpec};
-use flexnode::effects::sim::SimHost;
 use flexnode::exec::Clock;
 use flexnode::machine::Timestamp;
-use flexnode::machine::state::InstallMode;
+use flexnode::machine::agent::InstallMode;
 use flexnode::reconcile::{DaemonConfig, client_from_kubeconfig};
-use flexnode::simlab::SimNode;
+use flexnode::sim::SimHost;
+use flexnode::sim::SimNode;
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::api::{Api, PostParams};
@@ -56,21 +56,23 @@ impl Agent {
         self.host.agent_started();
         let config = DaemonConfig {
             node_name: self.name.clone(),
-            state_path: self.store.clone(),
             tick: Duration::from_millis(300),
         };
-        let (client, host) = (self.client.clone(), self.host.clone());
+        let (client, host, store) = (self.client.clone(), self.host.clone(), self.store.clone());
         self.task = Some(tokio::spawn(async move {
-            let result = flexnode::reconcile::run(
-                config,
-                client,
+            let runner = flexnode::cli::wiring::daemon_runner(
+                &store,
+                &config.node_name,
+                client.clone(),
                 host.clone(),
                 host.clone(),
                 host.clone(),
-                running,
-                std::future::pending(),
             )
-            .await;
+            .await
+            .expect("the daemon's store");
+            let result =
+                flexnode::reconcile::run(config, client, runner, running, std::future::pending())
+                    .await;
             // The process exits: its unit is no longer active.
             host.agent_exited();
             result

@@ -1,7 +1,7 @@
 //! containerd (Debian's 1.6 or 2.x built from pinned modules) with a plain-HTTP registry on
 //! 127.0.0.1 (`e2e/containerd/run`), for the containerd and contract tests.
 
-use flexnode::machine::validate::Sha256Hex;
+use flexnode::machine::agent::Sha256Hex;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -106,6 +106,45 @@ impl Tier {
     pub fn reference(&self, repo: &str, digest: &Sha256Hex) -> String {
         format!("{}/{repo}@{}", self.registry, digest.oci())
     }
+
+    /// The TLS registries over this tier's storage (`e2e/containerd/run secure`).
+    pub fn secure(&self) -> Secure {
+        let out = run(&["secure", &self.dir.display().to_string()]);
+        let env = |key: &str| -> String {
+            out.lines()
+                .find_map(|l| l.strip_prefix(&format!("{key}=")))
+                .unwrap_or_else(|| panic!("{key} missing from `secure` output:\n{out}"))
+                .to_string()
+        };
+        let password_file = PathBuf::from(env("REGISTRY_PASSWORD_FILE"));
+        Secure {
+            basic: env("BASIC_REGISTRY"),
+            token: env("TOKEN_REGISTRY"),
+            aux_log: env("AUX_LOG").into(),
+            lab_ca: env("LAB_CA").into(),
+            other_ca: env("OTHER_CA").into(),
+            credentials: env("REGISTRY_CREDENTIALS").into(),
+            wrong_credentials: env("WRONG_CREDENTIALS").into(),
+            password: std::fs::read_to_string(&password_file)
+                .expect("lab password")
+                .trim()
+                .to_string(),
+        }
+    }
+}
+
+/// The secure registries of a tier: `basic` (htpasswd, blobs redirected to registry-aux) and
+/// `token` (the Bearer token flow), both with the lab CA's certificate.
+pub struct Secure {
+    pub basic: String,
+    pub token: String,
+    /// registry-aux's request log: `time method path status auth=yes|no`.
+    pub aux_log: PathBuf,
+    pub lab_ca: PathBuf,
+    pub other_ca: PathBuf,
+    pub credentials: PathBuf,
+    pub wrong_credentials: PathBuf,
+    pub password: String,
 }
 
 impl Drop for Tier {

@@ -2,31 +2,33 @@
 //! unit's `OnFailure=`) from the last-good build when the agent keeps failing. Without a
 //! pending upgrade it does nothing: a plain crash never swaps builds.
 
+use super::wiring;
 use crate::config::CONFIG_PATH;
 use crate::exec::Fed;
 use crate::machine::{Input, NodeState};
-use crate::node_host;
 use std::path::Path;
 use std::process::ExitCode;
 
-pub const RECOVERY_MESSAGE: &str = "upgraded daemon failed repeatedly; restored last-good agent";
+pub use crate::machine::input::RECOVERY_MESSAGE;
 
 pub fn run(state: &Path, message: &str) -> ExitCode {
-    crate::cli::block_on("recover-agent-upgrade", recover(state, message))
+    super::block_on("recover-agent-upgrade", async {
+        Ok(recover(state, message).await?)
+    })
 }
 
 async fn recover(state: &Path, message: &str) -> anyhow::Result<()> {
-    node_host::require_root("recover-agent-upgrade")?;
+    wiring::require_root("recover-agent-upgrade")?;
     if !matches!(
-        node_host::current_state(state)?,
+        wiring::current_state(state)?,
         Some(NodeState::Upgrading { .. })
     ) {
         println!("flexnode: no agent upgrade is pending; nothing to recover");
         return Ok(());
     }
-    let (config, client) = node_host::installed_config(Path::new(CONFIG_PATH)).await?;
-    let fx = node_host::effects().await?;
-    let mut runner = node_host::command_runner(state, &config.node_name, client, fx).await?;
+    let (config, client) = wiring::installed_config(Path::new(CONFIG_PATH)).await?;
+    let fx = wiring::host_effects(&config).await?;
+    let mut runner = wiring::agent_command_runner(state, &config.node_name, client, fx).await?;
     let message: String = message
         .lines()
         .next()

@@ -1,18 +1,22 @@
-//! Status publication to the API server (domain.md §2.1, §3.1): one field manager,
-//! read-modify-write with resourceVersion (retried on conflict), an identity guard by UID on
-//! every write, `startedAt` never overwritten, and an Event per operation transition.
+//! Status publication to the API server: every write through [`write_status`] (one field
+//! manager, read-modify-write with the resourceVersion as precondition, retried on conflict),
+//! an identity guard by UID on every operation write, `startedAt` never overwritten, a
+//! terminal result's `completedAt` and condition from one instant, and an Event per operation
+//! transition. The only effect that talks to the API server.
 
 use crate::api::machine::{Machine, MachinePhase as ApiMachinePhase};
 use crate::api::machine_operation::{MachineOperation, MachineOperationStatus, OperationPhase};
 use crate::effects::{EffectError, EffectResult, Publisher};
 use crate::machine::Timestamp;
-use crate::machine::effect::{MachinePhase, OpResult, ResultReason};
+use crate::machine::result::{MachinePhase, OpResult, ResultReason};
 use crate::machine::state::OpRef;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff;
 use kube::api::{Api, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Client, Resource};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 pub const FIELD_MANAGER: &str = "flexnode";
 const CONFLICT_RETRIES: usize = 5;
@@ -58,6 +62,48 @@ enum Write<T> {
     Skip,
 }
 
+enum WriteError {
+    Conflicts,
+    Api(EffectError),
+}
+
+/// Every status write, of either resource: read the object, let `edit` decide, replace the
+/// status with the read `resourceVersion` as precondition (the `flexnode` field manager); on
+/// a conflict, again from the read, at most [`CONFLICT_RETRIES`] times. A missing object is
+/// nothing to write.
+async fn write_status<K>(
+    api: &Api<K>,
+    name: &str,
+    edit: impl Fn(K) -> Write<K>,
+) -> Result<Option<K>, WriteError>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
+    let pp = PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    for _ in 0..CONFLICT_RETRIES {
+        let current = api
+            .get_opt(name)
+            .await
+            .map_err(|e| WriteError::Api(api_error(e)))?;
+        let Some(current) = current else {
+            return Ok(None);
+        };
+        let next = match edit(current) {
+            Write::Skip => return Ok(None),
+            Write::Put(next) => next,
+        };
+        match api.replace_status(name, &pp, &next).await {
+            Ok(written) => return Ok(Some(written)),
+            Err(e) if is_conflict(&e) => continue,
+            Err(e) => return Err(WriteError::Api(api_error(e))),
+        }
+    }
+    Err(WriteError::Conflicts)
+}
+
 impl KubePublisher {
     pub fn new(client: Client, node: &str) -> Self {
         let reporter = Reporter {
@@ -75,51 +121,32 @@ impl KubePublisher {
         Api::all(self.client.clone())
     }
 
-    async fn machine_generation(&self) -> Option<i64> {
-        let machines: Api<Machine> = Api::all(self.client.clone());
-        let generation = machines
-            .get_opt(&self.node)
-            .await
-            .ok()
-            .flatten()?
-            .metadata
-            .generation?;
-        (generation > 0).then_some(generation)
-    }
-
-    /// Re-reads the object, lets `edit` decide, writes with the read resourceVersion;
-    /// retries from the read on a conflict.
+    /// The operation's status through [`write_status`], only while the object is still the
+    /// one claimed (same UID).
     async fn write_op(
         &self,
         op: &OpRef,
         edit: impl Fn(&MachineOperation) -> Write<MachineOperationStatus>,
     ) -> EffectResult<Option<MachineOperation>> {
-        let api = self.ops();
-        let pp = PostParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        };
-        for _ in 0..CONFLICT_RETRIES {
-            let Some(mut current) = api.get_opt(&op.name).await.map_err(api_error)? else {
-                return Ok(None);
-            };
+        write_status(&self.ops(), &op.name, |mut current: MachineOperation| {
             if current.metadata.uid.as_deref() != Some(op.uid.as_str()) {
-                return Ok(None);
+                return Write::Skip;
             }
-            let status = match edit(&current) {
-                Write::Skip => return Ok(None),
-                Write::Put(status) => status,
-            };
-            current.status = Some(status);
-            match api.replace_status(&op.name, &pp, &current).await {
-                Ok(written) => return Ok(Some(written)),
-                Err(e) if is_conflict(&e) => continue,
-                Err(e) => return Err(api_error(e)),
+            match edit(&current) {
+                Write::Skip => Write::Skip,
+                Write::Put(status) => {
+                    current.status = Some(status);
+                    Write::Put(current)
+                }
             }
-        }
-        Err(EffectError::Failed(format!(
-            "status of {op} kept conflicting after {CONFLICT_RETRIES} attempts"
-        )))
+        })
+        .await
+        .map_err(|e| match e {
+            WriteError::Conflicts => EffectError::Failed(format!(
+                "status of {op} kept conflicting after {CONFLICT_RETRIES} attempts"
+            )),
+            WriteError::Api(e) => e,
+        })
     }
 
     /// An operation the node cannot take yet: marked `Pending` (so `kubectl get` shows that
@@ -160,21 +187,37 @@ impl KubePublisher {
     }
 }
 
-fn completed(status: &str, reason: &str, message: &str, generation: Option<i64>) -> Condition {
+fn completed(
+    status: &str,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    at: Time,
+) -> Condition {
     Condition {
         type_: "Completed".into(),
         status: status.into(),
         reason: reason.into(),
         message: message.into(),
         observed_generation: generation,
-        last_transition_time: now(),
+        last_transition_time: at,
     }
 }
 
-fn set_condition(conditions: &mut Option<Vec<Condition>>, c: Condition) {
+/// How a condition's `lastTransitionTime` moves when its status stays the same.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Since {
+    /// Kept (the Kubernetes convention).
+    Kept,
+    /// Taken from the new condition: a terminal result's condition carries the instant of
+    /// `completedAt`, also when it stays `False` (`InProgress` → `ExecutionFailed`).
+    New,
+}
+
+fn set_condition(conditions: &mut Option<Vec<Condition>>, c: Condition, since: Since) {
     let list = conditions.get_or_insert_with(Vec::new);
     match list.iter_mut().find(|x| x.type_ == c.type_) {
-        Some(existing) if existing.status == c.status => {
+        Some(existing) if existing.status == c.status && since == Since::Kept => {
             let since = existing.last_transition_time.clone();
             *existing = Condition {
                 last_transition_time: since,
@@ -187,8 +230,13 @@ fn set_condition(conditions: &mut Option<Vec<Condition>>, c: Condition) {
 }
 
 impl Publisher for KubePublisher {
-    async fn report_progress(&self, op: &OpRef, message: &str) -> EffectResult {
-        let generation = self.machine_generation().await;
+    async fn report_progress(
+        &self,
+        op: &OpRef,
+        message: &str,
+        machine_generation: i64,
+        started_at: Timestamp,
+    ) -> EffectResult {
         let written = self
             .write_op(op, |current| {
                 if crate::reconcile::address::is_terminal(current) {
@@ -197,13 +245,20 @@ impl Publisher for KubePublisher {
                 let mut s = current.status.clone().unwrap_or_default();
                 s.phase = Some(OperationPhase::InProgress);
                 s.message = Some(message.to_string());
-                s.started_at = s.started_at.or_else(|| Some(now()));
-                if generation.is_some() {
-                    s.observed_machine_generation = generation;
+                s.started_at = s.started_at.or_else(|| Some(time(started_at)));
+                if machine_generation > 0 {
+                    s.observed_machine_generation = Some(machine_generation);
                 }
                 set_condition(
                     &mut s.conditions,
-                    completed("False", "InProgress", message, current.metadata.generation),
+                    completed(
+                        "False",
+                        "InProgress",
+                        message,
+                        current.metadata.generation,
+                        now(),
+                    ),
+                    Since::Kept,
                 );
                 Write::Put(s)
             })
@@ -250,7 +305,9 @@ impl Publisher for KubePublisher {
                         result.reason.as_str(),
                         &result.message,
                         current.metadata.generation,
+                        time(completed_at),
                     ),
+                    Since::New,
                 );
                 Write::Put(s)
             })
@@ -261,8 +318,7 @@ impl Publisher for KubePublisher {
                 ResultReason::Succeeded => EventType::Normal,
                 ResultReason::InvalidParameters
                 | ResultReason::ExecutionFailed
-                | ResultReason::DaemonFailed
-                | ResultReason::UnsupportedOperation => EventType::Warning,
+                | ResultReason::DaemonFailed => EventType::Warning,
             };
             self.event(&obj, type_, result.reason.as_str(), &result.message)
                 .await;
@@ -277,14 +333,14 @@ impl Publisher for KubePublisher {
         observed_generation: Option<i64>,
     ) -> EffectResult {
         let api: Api<Machine> = Api::all(self.client.clone());
-        let pp = PostParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
+        let (status, reason) = match phase {
+            MachinePhase::Ready => ("True", "Applied"),
+            MachinePhase::Failed => ("False", "Failed"),
+            MachinePhase::Joining | MachinePhase::Rebooting | MachinePhase::Provisioning => {
+                ("False", "Progressing")
+            }
         };
-        for _ in 0..CONFLICT_RETRIES {
-            let Some(mut m) = api.get_opt(&self.node).await.map_err(api_error)? else {
-                return Ok(());
-            };
+        let written = write_status(&api, &self.node, |mut m: Machine| {
             let mut s = m.status.clone().unwrap_or_default();
             s.phase = Some(match phase {
                 MachinePhase::Joining => ApiMachinePhase::Joining,
@@ -293,13 +349,6 @@ impl Publisher for KubePublisher {
                 MachinePhase::Provisioning => ApiMachinePhase::Provisioning,
                 MachinePhase::Failed => ApiMachinePhase::Failed,
             });
-            let (status, reason) = match phase {
-                MachinePhase::Ready => ("True", "Applied"),
-                MachinePhase::Failed => ("False", "Failed"),
-                MachinePhase::Joining | MachinePhase::Rebooting | MachinePhase::Provisioning => {
-                    ("False", "Progressing")
-                }
-            };
             set_condition(
                 &mut s.conditions,
                 Condition {
@@ -310,16 +359,18 @@ impl Publisher for KubePublisher {
                     observed_generation: observed_generation.or(m.metadata.generation),
                     last_transition_time: now(),
                 },
+                Since::Kept,
             );
             m.status = Some(s);
-            match api.replace_status(&self.node, &pp, &m).await {
-                Ok(_) => return Ok(()),
-                Err(e) if is_conflict(&e) => continue,
-                Err(e) => return Err(api_error(e)),
-            }
+            Write::Put(m)
+        })
+        .await;
+        match written {
+            Ok(_) => Ok(()),
+            Err(WriteError::Conflicts) => Err(EffectError::Failed(format!(
+                "Machine status kept conflicting after {CONFLICT_RETRIES} attempts"
+            ))),
+            Err(WriteError::Api(e)) => Err(e),
         }
-        Err(EffectError::Failed(
-            "Machine status kept conflicting".into(),
-        ))
     }
 }

@@ -3,11 +3,11 @@
 //! of interrupted operations are published first, then machines, runtime files, units and
 //! links go. The installed builds stay under `/opt/flexnode/lib` for a re-join.
 
+use super::{EXIT_USAGE, wiring};
 use crate::config::CONFIG_PATH;
 use crate::effects::{AGENT_UNIT, Systemd};
 use crate::exec::Fed;
 use crate::machine::{Input, NodeState};
-use crate::node_host;
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -21,25 +21,25 @@ pub fn run(state: &Path, yes: bool) -> ExitCode {
             "flexnode reset removes this node's machines, runtime files, units and links and \
              stops the agent; run `flexnode reset --yes` to do it"
         );
-        return ExitCode::from(crate::cli::EXIT_USAGE);
+        return ExitCode::from(EXIT_USAGE);
     }
-    crate::cli::block_on("reset", reset(state))
+    super::block_on("reset", async { Ok(reset(state).await?) })
 }
 
 async fn reset(state: &Path) -> anyhow::Result<()> {
-    node_host::require_root("reset")?;
-    match node_host::current_state(state)? {
+    wiring::require_root("reset")?;
+    match wiring::current_state(state)? {
         None | Some(NodeState::Unjoined { .. }) => {
             println!("flexnode: this host is not joined; nothing to reset");
             return Ok(());
         }
         Some(_) => {}
     }
-    let (config, client) = node_host::installed_config(Path::new(CONFIG_PATH)).await?;
-    let fx = node_host::effects().await?;
+    let (config, client) = wiring::installed_config(Path::new(CONFIG_PATH)).await?;
+    let fx = wiring::host_effects(&config).await?;
     // The agent holds the store; what it was doing is finished as interrupted by the reset.
     fx.systemd.stop(AGENT_UNIT).await?;
-    let mut runner = node_host::command_runner(state, &config.node_name, client, fx).await?;
+    let mut runner = wiring::agent_command_runner(state, &config.node_name, client, fx).await?;
     let started = Instant::now();
     let mut input = Input::ResetRequested;
     loop {

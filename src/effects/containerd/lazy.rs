@@ -1,9 +1,9 @@
 //! containerd connected on first use: a host install never needs it for archive upgrades,
 //! and a daemon must not fail to start because containerd is down.
 
-use super::containerd::GrpcContainerd;
-use super::{Containerd, EffectResult};
-use crate::machine::validate::Sha256Hex;
+use super::{GrpcContainerd, RegistryConfig};
+use crate::effects::{Containerd, EffectResult};
+use crate::machine::agent::Sha256Hex;
 use std::path::PathBuf;
 use tokio::sync::OnceCell;
 
@@ -11,21 +11,27 @@ use tokio::sync::OnceCell;
 pub struct LazyContainerd {
     socket: PathBuf,
     namespace: String,
+    registry: RegistryConfig,
     client: OnceCell<GrpcContainerd>,
 }
 
 impl LazyContainerd {
-    pub fn new(socket: impl Into<PathBuf>, namespace: &str) -> Self {
+    pub fn new(socket: impl Into<PathBuf>, namespace: &str, registry: RegistryConfig) -> Self {
         Self {
             socket: socket.into(),
             namespace: namespace.to_string(),
+            registry,
             client: OnceCell::new(),
         }
     }
 
     async fn client(&self) -> EffectResult<&GrpcContainerd> {
         self.client
-            .get_or_try_init(|| GrpcContainerd::connect(&self.socket, &self.namespace))
+            .get_or_try_init(|| async {
+                Ok(GrpcContainerd::connect(&self.socket, &self.namespace)
+                    .await?
+                    .with_registry(self.registry.clone()))
+            })
             .await
     }
 }

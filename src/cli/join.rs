@@ -3,21 +3,21 @@
 //! join (agent install, units, first machine) and start the agent. Running it again on a
 //! joined host converges (configuration, units, a running agent) instead of joining twice.
 
+use super::Failure;
+use super::wiring::{self, HostEffects};
 use crate::api::Machine;
 use crate::api::machine::{KubernetesSpec, MachineSpec};
-use crate::cli::EXIT_CONFIG;
-use crate::config::{CONFIG_PATH, Config, ConfigError, KUBECONFIG_PATH};
-use crate::effects::atomic_file::write_file_atomic;
-use crate::effects::{AGENT_UNIT, Effects, Systemd};
-use crate::exec::{Fed, Runner, SystemClock};
+use crate::config::{
+    CONFIG_PATH, Config, ConfigError, KUBECONFIG_PATH, REGISTRY_CREDENTIALS_PATH, TRUSTED_CA_PATH,
+};
+use crate::effects::fs::write_file_atomic;
+use crate::effects::{AGENT_UNIT, Systemd};
+use crate::exec::{Fed, start_agent, write_units};
+use crate::machine::agent::{AgentBuild, Arch, InstallMode, Slot};
 use crate::machine::input::JoinRequest;
-use crate::machine::state::{AgentBuild, Goal, Slot};
-use crate::machine::validate::Arch;
+use crate::machine::state::Goal;
 use crate::machine::{Input, NodeState};
-use crate::node_host::{self, HostEffects};
 use crate::reconcile::client_from_kubeconfig;
-use crate::reconcile::publisher::KubePublisher;
-use crate::store::{Store, StoreError};
 use kube::api::{Api, PostParams};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
@@ -27,51 +27,28 @@ use std::time::{Duration, Instant};
 /// How long `join` waits for the agent it started to report ready.
 const AGENT_READY: Duration = Duration::from_secs(180);
 
-enum Failure {
-    /// A setting that cannot work: exit 78, the bootstrap unit does not retry.
-    Config(ConfigError),
-    Other(anyhow::Error),
-}
-
-impl<E: Into<anyhow::Error>> From<E> for Failure {
-    fn from(e: E) -> Self {
-        Self::Other(e.into())
-    }
-}
-
-impl crate::cli::CommandError for Failure {
-    fn report(&self) -> String {
-        match self {
-            Self::Config(e) => format!("impossible setting: {e}"),
-            Self::Other(e) => format!("{e:#}"),
-        }
-    }
-
-    fn exit_code(&self) -> u8 {
-        match self {
-            Self::Config(_) => EXIT_CONFIG,
-            Self::Other(_) => 1,
-        }
-    }
+/// A setting that cannot work: exit 78, the bootstrap unit does not retry.
+fn impossible(e: ConfigError) -> Failure {
+    Failure::config(format!("impossible setting: {e}"))
 }
 
 pub fn run(state: &Path, config: &Path) -> ExitCode {
-    crate::cli::block_on("join", join(state, config))
+    super::block_on("join", join(state, config))
 }
 
 async fn join(state: &Path, path: &Path) -> Result<(), Failure> {
-    let config = Config::load(path, &node_host::hostname()).map_err(Failure::Config)?;
-    node_host::require_root("join")?;
+    let config = Config::load(path, &wiring::hostname()).map_err(impossible)?;
+    wiring::require_root("join")?;
     preflight()?;
     let client = client_from_kubeconfig(&config.kubeconfig)
         .await
-        .map_err(|e| Failure::Config(setting("kubeconfig", format!("cannot use it: {e}"))))?;
+        .map_err(|e| impossible(setting("kubeconfig", format!("cannot use it: {e}"))))?;
     let goal = adopt_or_create_machine(&client, &config).await?;
-    let fx = node_host::effects().await?;
+    let fx = wiring::host_effects(&config).await?;
 
-    if let Some(joined) = joined_as(state)? {
+    if let Some((joined, mode)) = joined_as(state)? {
         if joined != config.node_name {
-            return Err(Failure::Config(setting(
+            return Err(impossible(setting(
                 "nodeName",
                 format!(
                     "this host is already joined as {joined:?}; run `flexnode reset --yes` first"
@@ -79,31 +56,14 @@ async fn join(state: &Path, path: &Path) -> Result<(), Failure> {
             )));
         }
         install_files(&config)?;
-        return converge(&fx).await;
+        return converge(&fx, mode).await;
     }
 
     install_files(&config)?;
-    let store = Store::open(state).map_err(|e| match e {
-        StoreError::Locked(_) => anyhow::anyhow!(
-            "another flexnode process holds {}; is a join or reset running?",
-            state.display()
-        ),
-        e => e.into(),
-    })?;
-    let agent = node_host::running().unwrap_or(AgentBuild::Slot { slot: Slot::Blue });
-    let mut runner = Runner::new(
-        store,
-        Effects {
-            systemd: fx.systemd.clone(),
-            containerd: fx.containerd,
-            host: fx.host,
-            publisher: KubePublisher::new(client.clone(), &config.node_name),
-        },
-        SystemClock,
-    );
-    runner.daemon = false;
+    let agent = wiring::running().unwrap_or(AgentBuild::Slot { slot: Slot::Blue });
+    let systemd = fx.systemd.clone();
     // An earlier join that died half-way is finished first.
-    runner.resume().await?;
+    let mut runner = wiring::join_runner(state, &config.node_name, client, fx).await?;
     let fed = match runner.state()? {
         NodeState::Unjoined { .. } => {
             runner
@@ -140,7 +100,7 @@ async fn join(state: &Path, path: &Path) -> Result<(), Failure> {
             .into());
         }
     }
-    wait_for_agent(&fx.systemd).await?;
+    wait_for_agent(&systemd).await?;
     println!(
         "flexnode: joined {} (Kubernetes {}); {AGENT_UNIT} is active",
         config.node_name, config.kubernetes_version
@@ -172,12 +132,12 @@ fn setting(name: &str, message: impl Into<String>) -> ConfigError {
     }
 }
 
-/// The node this host is joined as; a join still under way (a crashed one) is not joined yet:
-/// it is finished from its recorded intent instead.
-fn joined_as(state: &Path) -> anyhow::Result<Option<String>> {
-    Ok(node_host::current_state(state)?
+/// The node this host is joined as, and its install mode; a join still under way (a crashed
+/// one) is not joined yet: it is finished from its recorded intent instead.
+fn joined_as(state: &Path) -> anyhow::Result<Option<(String, InstallMode)>> {
+    Ok(wiring::current_state(state)?
         .filter(|s| !matches!(s, NodeState::Joining { .. }))
-        .and_then(|s| s.node().map(|n| n.name.clone())))
+        .and_then(|s| s.node().map(|n| (n.name.clone(), n.mode))))
 }
 
 /// The goal comes from the node's Machine; join creates it when there is none.
@@ -231,15 +191,16 @@ async fn adopt_or_create_machine(client: &kube::Client, config: &Config) -> Resu
 /// server can.
 fn api_failure(e: kube::Error) -> Failure {
     match &e {
-        kube::Error::Api(s) if s.code == 401 || s.code == 403 => Failure::Config(setting(
+        kube::Error::Api(s) if s.code == 401 || s.code == 403 => impossible(setting(
             "kubeconfig",
             format!("the API server refused the credential: {}", s.message),
         )),
-        _ => Failure::Other(anyhow::anyhow!("API server: {e}")),
+        _ => Failure::failed(format!("API server: {e}")),
     }
 }
 
-/// `/etc/flexnode/config.yaml` and the credential, 0600, written atomically.
+/// `/etc/flexnode/config.yaml` and the files it names (credential, CA, registry credentials),
+/// 0600, written atomically.
 fn install_files(config: &Config) -> anyhow::Result<()> {
     let dir = Path::new(CONFIG_PATH)
         .parent()
@@ -248,9 +209,20 @@ fn install_files(config: &Config) -> anyhow::Result<()> {
         .recursive(true)
         .mode(0o755)
         .create(dir)?;
-    if config.kubeconfig != Path::new(KUBECONFIG_PATH) {
-        let credential = std::fs::read(&config.kubeconfig)?;
-        write_private(Path::new(KUBECONFIG_PATH), &credential)?;
+    let copies = [
+        (Some(&config.kubeconfig), KUBECONFIG_PATH),
+        (config.trusted_ca_file.as_ref(), TRUSTED_CA_PATH),
+        (
+            config.registry_credentials_file.as_ref(),
+            REGISTRY_CREDENTIALS_PATH,
+        ),
+    ];
+    for (from, to) in copies {
+        if let Some(from) = from
+            && from != Path::new(to)
+        {
+            write_private(Path::new(to), &std::fs::read(from)?)?;
+        }
     }
     let rendered = serde_saphyr::to_string(&config.rendered())
         .map_err(|e| anyhow::anyhow!("render config: {e}"))?;
@@ -264,16 +236,11 @@ fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     Ok(write_file_atomic(path, bytes, 0o600)?)
 }
 
-/// A joined host: units as this build ships them, the agent enabled and running.
-async fn converge(fx: &HostEffects) -> Result<(), Failure> {
-    for (name, contents) in crate::units::for_mode(crate::machine::state::InstallMode::Host) {
-        fx.systemd.write_unit(name, contents).await?;
-    }
-    fx.systemd.daemon_reload().await?;
-    fx.systemd.enable(AGENT_UNIT).await?;
-    if fx.systemd.active_since(AGENT_UNIT).await?.is_none() {
-        fx.systemd.start_no_wait(AGENT_UNIT).await?;
-    }
+/// A joined host: its install mode's units as this build ships them, the agent enabled and
+/// running — the core's `WriteUnits` and `StartAgent`, without the store the daemon holds.
+async fn converge(fx: &HostEffects, mode: InstallMode) -> Result<(), Failure> {
+    write_units(&fx.systemd, mode).await?;
+    start_agent(&fx.systemd).await?;
     wait_for_agent(&fx.systemd).await?;
     println!("flexnode: already joined; configuration and units converged, {AGENT_UNIT} is active");
     Ok(())

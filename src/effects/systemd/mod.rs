@@ -14,19 +14,22 @@
 //! registered *before* the method call that queues the job, so a job that finishes at once is
 //! not missed, and a result other than `done` is an [`EffectError::Failed`] naming the unit.
 
-use super::atomic_file::{sync_dir, write_file_atomic};
+mod jobs;
+mod machined;
+
+use jobs::JobError;
+pub use jobs::JobOutcome;
+pub use machined::{MachineEntry, MachineInfo};
+
+use super::fs::{sync_dir, write_file_atomic};
 use super::{EffectError, EffectResult, MachineStatus, Systemd, check_unit_name, machine_unit};
 use crate::machine::Timestamp;
 use crate::machine::state::Side;
-use futures::StreamExt;
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use zbus::proxy::CacheProperties;
-use zbus::{Connection, OwnedObjectPath, OwnedVariant, Variant};
-use zbus_systemd::login1::ManagerProxy as LoginManagerProxy;
-use zbus_systemd::machine1::{MachineProxy, ManagerProxy as MachineManagerProxy};
-use zbus_systemd::systemd1::{ManagerProxy, ServiceProxy, UnitProxy};
+use zbus::{Connection, OwnedObjectPath};
+use zbus_systemd::systemd1::{ManagerProxy, UnitProxy};
 
 /// Where the agent's unit files live on a normal system.
 pub const DEFAULT_UNIT_DIR: &str = "/etc/systemd/system";
@@ -59,14 +62,6 @@ pub struct DbusSystemd {
     busctl: String,
 }
 
-/// The outcome of a job, as `JobRemoved` reports it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct JobOutcome {
-    pub job: OwnedObjectPath,
-    /// `done`, `canceled`, `timeout`, `failed`, `dependency`, `skipped`, ...
-    pub result: String,
-}
-
 /// A unit's state as the manager reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UnitState {
@@ -77,33 +72,6 @@ pub struct UnitState {
     pub active_enter_usec: u64,
     /// `InactiveExitTimestamp`, µs since the epoch: when the current run began to start.
     pub inactive_exit_usec: u64,
-}
-
-/// A machine as `ListMachines` reports it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MachineEntry {
-    pub name: String,
-    /// `container`, `vm` or `host` (the `.host` entry machined always lists).
-    pub class: String,
-    /// Who registered it (`systemd-nspawn`, …).
-    pub service: String,
-    pub path: OwnedObjectPath,
-}
-
-/// One machine's state, from its `org.freedesktop.machine1.Machine` properties.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MachineInfo {
-    pub name: String,
-    pub class: String,
-    pub service: String,
-    /// The unit (or scope) that holds the machine, e.g. `systemd-nspawn@kube1.service`.
-    pub unit: String,
-    /// The machine's PID 1, as seen from the manager's PID namespace.
-    pub leader: u32,
-    /// `opening`, `running` or `closing`.
-    pub state: String,
-    /// When machined registered it (wall clock); `None` if machined reports 0.
-    pub registered_at: Option<Timestamp>,
 }
 
 impl DbusSystemd {
@@ -211,292 +179,6 @@ impl DbusSystemd {
             .map(|u| u.0)
             .filter(|n| n.starts_with(prefix))
             .collect())
-    }
-
-    /// The transient timer + service names `schedule_restart` used, returned so callers (and
-    /// tests) can watch them. Like [`Systemd::schedule_restart`].
-    pub async fn schedule_restart_named(
-        &self,
-        unit: &str,
-        delay_ms: u64,
-    ) -> EffectResult<(String, String)> {
-        check_unit_name(unit)?;
-        let n = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_micros())
-            .unwrap_or_default();
-        let timer = format!("{RESTART_UNIT_PREFIX}{n}.timer");
-        let service = format!("{RESTART_UNIT_PREFIX}{n}.service");
-        let what = format!("schedule restart of {unit}");
-        let v = |r: zbus::Result<OwnedVariant>| r.map_err(|e| bus_failed(&what, e));
-
-        let call = |method: &str, args: Vec<String>| {
-            let mut argv = vec![
-                "busctl".to_string(),
-                "call".to_string(),
-                "org.freedesktop.systemd1".to_string(),
-                "/org/freedesktop/systemd1".to_string(),
-                "org.freedesktop.systemd1.Manager".to_string(),
-                method.to_string(),
-            ];
-            argv.extend(args);
-            argv
-        };
-        // A failed unit may not start again until reset; the reset itself may fail (unit not
-        // loaded, nothing to reset) without stopping the restart.
-        let exec: Vec<(String, Vec<String>, bool)> = vec![
-            (
-                self.busctl.clone(),
-                call("ResetFailedUnit", vec!["s".into(), unit.into()]),
-                true,
-            ),
-            (
-                self.busctl.clone(),
-                call(
-                    "RestartUnit",
-                    vec!["ss".into(), unit.into(), "replace".into()],
-                ),
-                false,
-            ),
-        ];
-        let service_props = vec![
-            (
-                "Description".to_string(),
-                v(owned(format!("flexnode: restart {unit}")))?,
-            ),
-            ("Type".to_string(), v(owned("oneshot"))?),
-            ("ExecStart".to_string(), v(owned(exec))?),
-            ("CollectMode".to_string(), v(owned("inactive-or-failed"))?),
-        ];
-        let timer_props = vec![
-            (
-                "Description".to_string(),
-                v(owned(format!("flexnode: restart {unit} in {delay_ms} ms")))?,
-            ),
-            (
-                "TimersMonotonic".to_string(),
-                v(owned(vec![(
-                    "OnActiveSec".to_string(),
-                    delay_ms.saturating_mul(1000),
-                )]))?,
-            ),
-            (
-                "AccuracyUSec".to_string(),
-                OwnedVariant::from(RESTART_ACCURACY_USEC),
-            ),
-            ("RemainAfterElapse".to_string(), OwnedVariant::from(false)),
-            ("CollectMode".to_string(), v(owned("inactive-or-failed"))?),
-        ];
-        self.run_job(
-            "start",
-            &timer,
-            self.manager.start_transient_unit(
-                timer.clone(),
-                "fail".to_string(),
-                timer_props,
-                vec![(service.clone(), service_props)],
-            ),
-        )
-        .await?;
-        Ok((timer, service))
-    }
-
-    /// Reboots the system the bus belongs to: `org.freedesktop.login1.Manager.Reboot(false)`
-    /// (not interactive: no polkit prompt; root is always allowed). Returns once logind has
-    /// accepted the request; the shutdown itself follows and this connection then drops.
-    pub async fn reboot(&self) -> EffectResult {
-        let login = LoginManagerProxy::builder(self.manager.inner().connection())
-            .cache_properties(CacheProperties::No)
-            .build()
-            .await
-            .map_err(|e| bus_failed("reboot: connect to logind", e))?;
-        login
-            .reboot(false)
-            .await
-            .map_err(|e| bus_failed("reboot (login1 Reboot)", e))
-    }
-
-    async fn machined_proxy(&self, what: &str) -> EffectResult<MachineManagerProxy<'static>> {
-        MachineManagerProxy::builder(self.manager.inner().connection())
-            .cache_properties(CacheProperties::No)
-            .build()
-            .await
-            .map_err(|e| bus_failed(&format!("{what}: connect to machined"), e))
-    }
-
-    /// Every machine machined knows, `.host` included.
-    pub async fn list_machines(&self) -> EffectResult<Vec<MachineEntry>> {
-        let machined = self.machined_proxy("list machines").await?;
-        let list = machined
-            .list_machines()
-            .await
-            .map_err(|e| bus_failed("list machines", e))?;
-        Ok(list
-            .into_iter()
-            .map(|(name, class, service, path)| MachineEntry {
-                name,
-                class,
-                service,
-                path,
-            })
-            .collect())
-    }
-
-    /// A machine's state, or `None` when machined does not know it (or machined is not
-    /// installed on that system).
-    pub async fn machine(&self, name: &str) -> EffectResult<Option<MachineInfo>> {
-        check_machine_name(name)?;
-        let what = format!("machine {name}");
-        let machined = self.machined_proxy(&what).await?;
-        let path = match machined.get_machine(name.to_string()).await {
-            Ok(p) => p,
-            Err(e) if is_error(&e, NO_SUCH_MACHINE) || is_error(&e, SERVICE_UNKNOWN) => {
-                return Ok(None);
-            }
-            Err(e) => return Err(bus_failed(&what, e)),
-        };
-        let m = MachineProxy::builder(self.manager.inner().connection())
-            .path(path)
-            .cache_properties(CacheProperties::No)
-            .build()
-            .await
-            .map_err(|e| bus_failed(&what, e))?;
-        let read = async {
-            let usec = m.timestamp().await?;
-            zbus::Result::Ok(MachineInfo {
-                name: m.name().await?,
-                class: m.class().await?,
-                service: m.service().await?,
-                unit: m.unit().await?,
-                leader: m.leader().await?,
-                state: m.state().await?,
-                registered_at: (usec > 0).then(|| usec_to_timestamp(usec)),
-            })
-        };
-        match read.await {
-            Ok(info) => Ok(Some(info)),
-            // Gone between GetMachine and the property reads.
-            Err(e) if is_error(&e, UNKNOWN_OBJECT) || is_error(&e, NO_SUCH_MACHINE) => Ok(None),
-            Err(e) => Err(bus_failed(&what, e)),
-        }
-    }
-
-    /// Terminates a machine (`TerminateMachine`: machined stops its unit, or kills its scope)
-    /// and waits, up to the job timeout, until machined no longer lists it. Unknown: nothing
-    /// to do.
-    pub async fn terminate_machine(&self, name: &str) -> EffectResult {
-        check_machine_name(name)?;
-        let what = format!("terminate machine {name}");
-        let machined = self.machined_proxy(&what).await?;
-        match machined.terminate_machine(name.to_string()).await {
-            Ok(()) => {}
-            Err(e) if is_error(&e, NO_SUCH_MACHINE) || is_error(&e, SERVICE_UNKNOWN) => {
-                return Ok(());
-            }
-            Err(e) => return Err(bus_failed(&what, e)),
-        }
-        let gone = async {
-            loop {
-                if self.machine(name).await?.is_none() {
-                    return Ok::<_, EffectError>(());
-                }
-                tokio::time::sleep(MACHINE_POLL).await;
-            }
-        };
-        tokio::time::timeout(self.job_timeout, gone)
-            .await
-            .map_err(|_| {
-                EffectError::Failed(format!(
-                    "{what}: still registered after {} s",
-                    self.job_timeout.as_secs()
-                ))
-            })?
-    }
-
-    /// Registers for `JobRemoved`, then makes the call that queues the job, then waits for that
-    /// job's removal. `call` is lazy: it runs only after the match is in place.
-    pub async fn run_job(
-        &self,
-        verb: &str,
-        unit: &str,
-        call: impl Future<Output = zbus::Result<OwnedObjectPath>>,
-    ) -> EffectResult<JobOutcome> {
-        self.try_job(verb, unit, call).await.map_err(|e| match e {
-            JobError::Call(e) => bus_failed(&format!("{verb} {unit}"), e),
-            JobError::Effect(e) => e,
-        })
-    }
-
-    async fn try_job(
-        &self,
-        verb: &str,
-        unit: &str,
-        call: impl Future<Output = zbus::Result<OwnedObjectPath>>,
-    ) -> Result<JobOutcome, JobError> {
-        let mut removed = self
-            .manager
-            .receive_job_removed()
-            .await
-            .map_err(|e| bus_failed(&format!("{verb} {unit}: watch jobs"), e))?;
-        let job = call.await.map_err(JobError::Call)?;
-        let wait = async {
-            while let Some(signal) = removed.next().await {
-                let args = signal
-                    .args()
-                    .map_err(|e| bus_failed(&format!("{verb} {unit}: JobRemoved"), e))?;
-                if *args.job == *job {
-                    return Ok(args.result.clone());
-                }
-            }
-            Err(EffectError::Failed(format!(
-                "{verb} {unit}: connection to systemd closed while job {} ran",
-                job.as_str()
-            )))
-        };
-        let result = tokio::time::timeout(self.job_timeout, wait)
-            .await
-            .map_err(|_| {
-                EffectError::Failed(format!(
-                    "{verb} {unit}: job {} did not finish within {} s",
-                    job.as_str(),
-                    self.job_timeout.as_secs()
-                ))
-            })??;
-        if result == "done" {
-            return Ok(JobOutcome { job, result });
-        }
-        let detail = self.failure_detail(unit).await;
-        Err(EffectError::Failed(format!("{verb} {unit}: job {result}{detail}")).into())
-    }
-
-    /// ", unit failed (failed), result exit-code" and the like, best effort.
-    async fn failure_detail(&self, unit: &str) -> String {
-        let Ok(Some(path)) = self.get_unit(unit).await else {
-            return String::new();
-        };
-        let conn = self.manager.inner().connection();
-        let mut detail = String::new();
-        if let Ok(p) = UnitProxy::builder(conn)
-            .path(path.clone())
-            .cache_properties(CacheProperties::No)
-            .build()
-            .await
-            && let (Ok(active), Ok(sub)) = (p.active_state().await, p.sub_state().await)
-        {
-            detail = format!(", unit {active} ({sub})");
-        }
-        if unit.ends_with(".service")
-            && let Ok(s) = ServiceProxy::builder(conn)
-                .path(path)
-                .cache_properties(CacheProperties::No)
-                .build()
-                .await
-            && let Ok(r) = s.result().await
-            && r != "success"
-        {
-            detail.push_str(&format!(", result {r}"));
-        }
-        detail
     }
 
     async fn get_unit(&self, unit: &str) -> EffectResult<Option<OwnedObjectPath>> {
@@ -735,22 +417,6 @@ impl Systemd for DbusSystemd {
     }
 }
 
-/// The method call that queues a job failed, or the job did.
-enum JobError {
-    Call(zbus::Error),
-    Effect(EffectError),
-}
-
-impl From<EffectError> for JobError {
-    fn from(e: EffectError) -> Self {
-        Self::Effect(e)
-    }
-}
-
-fn owned<'a>(v: impl Into<Variant<'a>>) -> zbus::Result<OwnedVariant> {
-    OwnedVariant::try_from(v.into())
-}
-
 /// Whether `e` is a D-Bus error reply named `name`. zbus reports the names it defines itself
 /// (`org.freedesktop.DBus.Error.*`, e.g. ServiceUnknown, UnknownObject) as `Error::FDO`, the
 /// others as `Error::MethodError`.
@@ -773,27 +439,9 @@ fn usec_to_timestamp(usec: u64) -> Timestamp {
     Timestamp::from_millis(i64::try_from(usec / 1000).unwrap_or(i64::MAX))
 }
 
-/// A machine name as machined accepts it (a hostname label sequence, or `.host`), never a
-/// path.
-fn check_machine_name(name: &str) -> EffectResult {
-    let ok = name == ".host"
-        || !name.is_empty()
-            && name.len() <= 64
-            && !name.starts_with(['.', '-'])
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
-    if ok {
-        Ok(())
-    } else {
-        Err(EffectError::Failed(format!(
-            "invalid machine name {name:?}"
-        )))
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::machined::check_machine_name;
     use super::*;
 
     #[test]

@@ -1,12 +1,12 @@
-//! `flexnode daemon`. Real host effects (systemd over D-Bus, containerd over gRPC) come with
-//! their own issue; until then the daemon runs against the simulated host on request, which
-//! is what labs and demos use (`--simulated-host`).
+//! `flexnode daemon`: the agent on this host (systemd over D-Bus, containerd over gRPC, files
+//! under `/`), as `flexnode-agent.service` runs it; or, with `--simulated-host`, over the
+//! simulated host for labs and demos.
 
+use super::wiring;
 use crate::exec::{Clock, SystemClock};
-use crate::machine::state::InstallMode;
-use crate::node_host;
+use crate::machine::agent::InstallMode;
 use crate::reconcile::{DaemonConfig, client_from_kubeconfig};
-use crate::simlab::SimNode;
+use crate::sim::SimNode;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -34,24 +34,33 @@ pub struct DaemonArgs {
 
 pub fn run(state: &Path, args: DaemonArgs) -> ExitCode {
     if args.simulated_host {
-        crate::cli::block_on("daemon", simulated(state, &args))
+        super::block_on("daemon", async { Ok(simulated(state, &args).await?) })
     } else {
-        crate::cli::block_on("daemon", on_host(state, &args))
+        super::block_on("daemon", async { Ok(on_host(state, &args).await?) })
     }
 }
 
 /// The agent on this host, until SIGTERM (systemd's stop) or SIGINT.
 async fn on_host(state: &Path, args: &DaemonArgs) -> anyhow::Result<()> {
-    let (config, client) = node_host::installed_config(&args.config).await?;
+    let (config, client) = wiring::installed_config(&args.config).await?;
     let exe = std::env::current_exe()?;
-    let running = node_host::running().ok_or_else(|| {
+    let running = wiring::running().ok_or_else(|| {
         anyhow::anyhow!(
             "{} is not an installed agent build; the agent runs as \
              /opt/flexnode/current/flexnode (install it with `flexnode join`)",
             exe.display()
         )
     })?;
-    let fx = node_host::effects().await?;
+    let fx = wiring::host_effects(&config).await?;
+    let runner = wiring::daemon_runner(
+        state,
+        &config.node_name,
+        client.clone(),
+        fx.systemd,
+        fx.containerd,
+        fx.host,
+    )
+    .await?;
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let shutdown = async move {
@@ -64,13 +73,10 @@ async fn on_host(state: &Path, args: &DaemonArgs) -> anyhow::Result<()> {
     crate::reconcile::run(
         DaemonConfig {
             node_name: config.node_name,
-            state_path: state.to_path_buf(),
             tick: Duration::from_millis(args.tick_ms.max(100)),
         },
         client,
-        fx.systemd,
-        fx.containerd,
-        fx.host,
+        runner,
         running,
         shutdown,
     )
@@ -95,7 +101,6 @@ async fn simulated(state: &Path, args: &DaemonArgs) -> anyhow::Result<()> {
     let host = sim.host.clone();
     let config = DaemonConfig {
         node_name: node.clone(),
-        state_path: state.to_path_buf(),
         tick: Duration::from_millis(args.tick_ms.max(100)),
     };
     loop {
@@ -124,18 +129,20 @@ async fn simulated(state: &Path, args: &DaemonArgs) -> anyhow::Result<()> {
             }
         };
         let (tx, rx) = tokio::sync::oneshot::channel::<bool>();
-        let daemon = crate::reconcile::run(
-            config.clone(),
+        let runner = wiring::daemon_runner(
+            state,
+            node,
             client.clone(),
             host.clone(),
             host.clone(),
             host.clone(),
-            running,
-            async {
+        )
+        .await?;
+        let daemon =
+            crate::reconcile::run(config.clone(), client.clone(), runner, running, async {
                 let restarted = stop.await;
                 let _ = tx.send(restarted);
-            },
-        );
+            });
         daemon.await?;
         if !rx.await.unwrap_or(false) {
             host.agent_exited();

@@ -2,12 +2,13 @@
 //! with the agent process lifecycle (restarts, crash loops, the recovery unit) modelled the
 //! way systemd would drive it. Used by the simulation tests and the README's first command.
 
+use super::host::SimHost;
 use crate::effects::Effects;
-use crate::effects::sim::SimHost;
 use crate::exec::{Clock, ExecError, Fed, Runner};
+use crate::machine::agent::{AgentBuild, InstallMode, Slot};
+use crate::machine::agent::{Arch, Sha256Hex};
 use crate::machine::input::{Claim, ClaimKind, JoinRequest};
-use crate::machine::state::{AgentBuild, Goal, InstallMode, OpRef, Slot};
-use crate::machine::validate::{Arch, Sha256Hex};
+use crate::machine::state::{Goal, OpRef};
 use crate::machine::{Input, NodeState, Timestamp};
 use crate::store::Store;
 use std::path::{Path, PathBuf};
@@ -42,7 +43,7 @@ impl Clock for SimClock {
 
 pub type SimRunner = Runner<SimHost, SimHost, SimHost, SimHost, SimClock>;
 
-pub use crate::recover_cli::RECOVERY_MESSAGE;
+pub use crate::machine::input::RECOVERY_MESSAGE;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {

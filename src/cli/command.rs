@@ -1,0 +1,89 @@
+//! The command line: each command, and the module that runs it (`cli/<command>.rs`).
+
+use super::{Output, daemon, join, op, recover, reset, status};
+use crate::store;
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "flexnode",
+    version,
+    about = "Joins this host to Kubernetes and runs its node lifecycle"
+)]
+pub struct Cli {
+    /// The node's state store.
+    #[arg(long, global = true, env = "FLEXNODE_STATE", default_value = store::DEFAULT_PATH)]
+    pub state: PathBuf,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the node agent (reconciles Machine and MachineOperations).
+    Daemon(daemon::DaemonArgs),
+    /// Join this host to the cluster (again: converge). Exit 78: a setting cannot work.
+    Join {
+        /// YAML or JSON; see docs/config.md.
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+    },
+    /// Remove this node's machines, runtime files, units and links, and stop the agent.
+    Reset {
+        /// Confirm.
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Restore the last-good agent after a failed upgrade (run by the recovery unit).
+    #[command(hide = true)]
+    RecoverAgentUpgrade {
+        #[arg(long, default_value = recover::RECOVERY_MESSAGE)]
+        message: String,
+    },
+    /// Show the node's state; works while the daemon is stopped.
+    Status {
+        #[arg(long, short, value_enum, default_value_t = Output::Human)]
+        output: Output,
+    },
+    /// Print the transition journal.
+    History {
+        /// How many of the newest entries.
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+        #[arg(long, short, value_enum, default_value_t = Output::Human)]
+        output: Output,
+    },
+    /// Create and inspect MachineOperations.
+    Op(op::command::OpArgs),
+    /// Print the version.
+    Version,
+}
+
+impl Command {
+    /// The daemon and the commands that act on the node (they log at info by default).
+    pub fn changes_node(&self) -> bool {
+        match self {
+            Self::Daemon(_) | Self::Join { .. } | Self::Reset { .. } => true,
+            Self::RecoverAgentUpgrade { .. } => true,
+            Self::Status { .. } | Self::History { .. } | Self::Op(_) | Self::Version => false,
+        }
+    }
+}
+
+pub fn run(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Version => {
+            println!("flexnode {}", crate::VERSION);
+            ExitCode::SUCCESS
+        }
+        Command::Status { output } => status::status(&cli.state, output),
+        Command::History { limit, output } => status::history(&cli.state, limit, output),
+        Command::Daemon(args) => daemon::run(&cli.state, args),
+        Command::Join { config } => join::run(&cli.state, &config),
+        Command::Reset { yes } => reset::run(&cli.state, yes),
+        Command::RecoverAgentUpgrade { message } => recover::run(&cli.state, &message),
+        Command::Op(args) => op::command::run(args),
+    }
+}

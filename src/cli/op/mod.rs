@@ -1,0 +1,107 @@
+//! `flexnode op`: create and inspect MachineOperations, for operators and controllers.
+//!
+//! Upgrade parameters go through the agent's own validation before anything is created, and a
+//! download URL is never printed whole: it may carry a SAS token in its query or credentials in
+//! its userinfo. `command.rs` holds the subcommands; this file what they share.
+
+pub mod command;
+pub mod create;
+mod follow;
+mod show;
+
+use super::Failure;
+use crate::api::MachineOperation;
+use kube::api::Api;
+use std::path::PathBuf;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+const FIELD_MANAGER: &str = "flexnode-op";
+const REDACTED: &str = "<redacted>";
+
+/// The resolved kubeconfig path: `--kubeconfig`, else the first `$KUBECONFIG` entry, else
+/// `~/.kube/config`.
+fn kubeconfig_path(flag: Option<PathBuf>) -> Result<PathBuf, Failure> {
+    if let Some(p) = flag {
+        return Ok(p);
+    }
+    if let Some(v) = std::env::var_os("KUBECONFIG")
+        && let Some(first) = std::env::split_paths(&v).find(|p| !p.as_os_str().is_empty())
+    {
+        return Ok(first);
+    }
+    match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        Some(home) => Ok(PathBuf::from(home).join(".kube/config")),
+        None => Err(Failure::config(
+            "no kubeconfig: pass --kubeconfig or set KUBECONFIG",
+        )),
+    }
+}
+
+async fn ops(flag: Option<PathBuf>) -> Result<Api<MachineOperation>, Failure> {
+    let path = kubeconfig_path(flag)?;
+    if !path.is_file() {
+        return Err(Failure::config(format!(
+            "kubeconfig {} not found (pass --kubeconfig or set KUBECONFIG)",
+            path.display()
+        )));
+    }
+    match crate::reconcile::client_from_kubeconfig(&path).await {
+        Ok(client) => Ok(Api::all(client)),
+        Err(kube::Error::InferKubeconfig(e)) => Err(Failure::config(format!(
+            "kubeconfig {}: {e}",
+            path.display()
+        ))),
+        Err(e) => Err(Failure::config(format!(
+            "kubeconfig {}: {}",
+            path.display(),
+            api_message(&e)
+        ))),
+    }
+}
+
+/// A one-line description of a client error.
+fn api_message(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => {
+            let msg = if s.message.is_empty() {
+                format!("the API server answered {}", s.code)
+            } else {
+                s.message.clone()
+            };
+            if s.reason.is_empty() {
+                msg
+            } else {
+                format!("{msg} ({})", s.reason)
+            }
+        }
+        kube::Error::HyperError(_) | kube::Error::Service(_) => {
+            // The top-level text ("client error (Connect)") says little; the causes say why.
+            let mut msg = format!("cannot reach the API server: {e}");
+            let mut source = std::error::Error::source(e);
+            while let Some(cause) = source {
+                let text = cause.to_string();
+                if !msg.contains(&text) {
+                    msg.push_str(": ");
+                    msg.push_str(&text);
+                }
+                source = cause.source();
+            }
+            msg
+        }
+        other => other.to_string(),
+    }
+}
+
+// ---- create ------------------------------------------------------------------------------
+
+// ---- list and get ------------------------------------------------------------------------
+
+fn api_failure(e: &kube::Error) -> Failure {
+    Failure::failed(api_message(e))
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

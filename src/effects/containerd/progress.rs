@@ -1,0 +1,110 @@
+//! Pull progress: reported per MiB of each layer and once per finished layer.
+
+use containerd_client::types::Descriptor;
+use std::sync::Arc;
+
+/// Progress of a pull's layer downloads (into the content store), reported to the
+/// [`GrpcContainerd::with_progress`] callback: each time the bytes streamed pass a multiple
+/// of [`PROGRESS_EVERY`] (1 MiB) and once per layer when it is in the content store (also for layers
+/// that were there already). Counts are over all the layers of the platform manifest, so
+/// `bytes_done` and `layers_done` never decrease during one pull and the last report of a
+/// successful pull has `bytes_done == bytes_total` and `layers_done == layers_total`.
+/// Config, manifest and index (small, fetched first) are not counted. Holds no reference,
+/// registry address or URL: nothing that could carry a credential or a query.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PullProgress {
+    /// The layer the report is about (`sha256:…`, from the verified manifest).
+    pub layer_digest: String,
+    /// Bytes of all layers in the content store or streamed into it so far.
+    pub bytes_done: u64,
+    /// Sum of the layer sizes the manifest declares.
+    pub bytes_total: u64,
+    /// Layers complete in the content store.
+    pub layers_done: usize,
+    pub layers_total: usize,
+}
+
+/// A pull-progress callback; called on the pulling task, so it should be quick.
+pub type ProgressFn = Arc<dyn Fn(PullProgress) + Send + Sync>;
+
+/// Bytes of a layer between two progress reports.
+pub const PROGRESS_EVERY: u64 = 1 << 20;
+
+/// The default progress callback: a `tracing::info!` event per report.
+pub(super) fn log_progress(p: PullProgress) {
+    tracing::info!(
+        layer = %p.layer_digest,
+        bytes_done = p.bytes_done,
+        bytes_total = p.bytes_total,
+        layers_done = p.layers_done,
+        layers_total = p.layers_total,
+        "pull progress"
+    );
+}
+
+#[derive(Clone)]
+pub(super) struct ProgressSink(pub(super) ProgressFn);
+
+impl std::fmt::Debug for ProgressSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProgressSink")
+    }
+}
+
+/// Running totals of one pull's layer downloads.
+pub(super) struct PullTracker {
+    sink: ProgressFn,
+    bytes_done: u64,
+    bytes_total: u64,
+    layers_done: usize,
+    layers_total: usize,
+    /// `bytes_done` when the current layer started.
+    layer_base: u64,
+    /// `bytes_done` at the last report.
+    reported: u64,
+}
+
+impl PullTracker {
+    pub(super) fn new(sink: ProgressFn, layers: &[Descriptor]) -> Self {
+        Self {
+            sink,
+            bytes_done: 0,
+            bytes_total: layers
+                .iter()
+                .map(|l| u64::try_from(l.size).unwrap_or(0))
+                .sum(),
+            layers_done: 0,
+            layers_total: layers.len(),
+            layer_base: 0,
+            reported: 0,
+        }
+    }
+
+    pub(super) fn report(&mut self, layer: &str) {
+        self.reported = self.bytes_done;
+        (self.sink)(PullProgress {
+            layer_digest: layer.to_string(),
+            bytes_done: self.bytes_done,
+            bytes_total: self.bytes_total,
+            layers_done: self.layers_done,
+            layers_total: self.layers_total,
+        });
+    }
+
+    /// `n` more bytes of `layer` were sent to the content store: a report each time the
+    /// pull's total passes a multiple of [`PROGRESS_EVERY`] (however the network chunks it).
+    pub(super) fn bytes(&mut self, layer: &str, n: usize) {
+        self.bytes_done += n as u64;
+        if self.bytes_done / PROGRESS_EVERY > self.reported / PROGRESS_EVERY {
+            self.report(layer);
+        }
+    }
+
+    /// `layer` is in the content store (streamed now or found there).
+    pub(super) fn layer_done(&mut self, layer: &Descriptor) {
+        self.layer_base += u64::try_from(layer.size).unwrap_or(0);
+        self.bytes_done = self.layer_base;
+        self.layers_done += 1;
+        self.report(&layer.digest);
+    }
+}

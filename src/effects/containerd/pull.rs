@@ -1,0 +1,330 @@
+//! The pull itself (see the module docs in `mod.rs` for its five steps): resolve, fetch
+//! under a lease, unpack, then the image record.
+
+use super::manifest::{Manifest, config_diff_ids, descriptor, is_index, media_type_of};
+use super::progress::PullTracker;
+use super::registry::{BlobKind, Registry, RegistryRef};
+use super::{
+    GrpcContainerd, MAX_SMALL_BLOB, PULLED_BY_LABEL, PULLED_BY_VALUE, PulledImage, WRITE_CHUNK,
+    chain_ids, grpc_failed, is_agent_pulled, len_i64, parse_json, verify,
+};
+use crate::effects::{EffectError, EffectResult};
+use crate::machine::agent::Sha256Hex;
+use containerd_client::services::v1::{
+    CreateImageRequest, GetImageRequest, Image, UpdateImageRequest,
+};
+use containerd_client::tonic::Code;
+use containerd_client::types::Descriptor;
+use std::collections::HashMap;
+
+pub(super) struct SmallBlob {
+    bytes: Vec<u8>,
+    content_type: Option<String>,
+}
+
+impl GrpcContainerd {
+    /// Pulls and unpacks `reference` (`registry/repo@sha256:…`, equal to `digest`), returning
+    /// what was resolved. See the module docs for the steps.
+    pub async fn pull_image(
+        &self,
+        reference: &str,
+        digest: &Sha256Hex,
+    ) -> EffectResult<PulledImage> {
+        let reg = Registry::new(
+            RegistryRef::parse(reference, digest)?,
+            &self.registry,
+            self.io_timeout,
+        );
+        let lease = self.create_lease("pull").await?;
+        let result = self.pull_under_lease(&reg, digest, &lease).await;
+        let released = self.delete_lease(&lease).await;
+        let pulled = result?;
+        released?;
+        Ok(pulled)
+    }
+
+    async fn pull_under_lease(
+        &self,
+        reg: &Registry,
+        digest: &Sha256Hex,
+        lease: &str,
+    ) -> EffectResult<PulledImage> {
+        // 1. Resolve: the pinned object, the platform manifest, the config.
+        let top_digest = digest.oci();
+        let top = self
+            .small_blob(reg, BlobKind::Manifest, &top_digest, None, lease)
+            .await?;
+        let top_json = parse_json(&top.bytes, "manifest", &top_digest)?;
+        let top_type = media_type_of(&top_json, top.content_type.as_deref());
+        let top_desc = Descriptor {
+            media_type: top_type.clone(),
+            digest: top_digest.clone(),
+            size: len_i64(top.bytes.len()),
+            annotations: HashMap::new(),
+        };
+        let (index, manifest_desc, manifest_bytes) = if is_index(&top_type) {
+            let (pos, desc) = self.pick_platform(&top_json, &top_digest)?;
+            let m = self
+                .small_blob(
+                    reg,
+                    BlobKind::Manifest,
+                    &desc.digest,
+                    Some(desc.size),
+                    lease,
+                )
+                .await?;
+            (Some((pos, top.bytes)), desc, m.bytes)
+        } else {
+            (None, top_desc.clone(), top.bytes)
+        };
+        let manifest = Manifest::parse(&manifest_bytes, &manifest_desc.digest)?;
+        let config_bytes = self
+            .small_blob(
+                reg,
+                BlobKind::Blob,
+                &manifest.config.digest,
+                Some(manifest.config.size),
+                lease,
+            )
+            .await?
+            .bytes;
+        let diff_ids = config_diff_ids(&config_bytes, &manifest.config.digest)?;
+        if diff_ids.len() != manifest.layers.len() {
+            return Err(EffectError::Failed(format!(
+                "image {}: the config lists {} layers, the manifest {}",
+                reg.rr.display(),
+                diff_ids.len(),
+                manifest.layers.len()
+            )));
+        }
+        let chain_ids = chain_ids(&diff_ids);
+
+        // 2. Content: layers streamed, then config, manifest, index with their gc references.
+        let mut progress = PullTracker::new(self.progress.0.clone(), &manifest.layers);
+        for (layer, diff_id) in manifest.layers.iter().zip(&diff_ids) {
+            let labels = HashMap::from([("containerd.io/uncompressed".into(), diff_id.clone())]);
+            self.ensure_blob(reg, layer, None, labels, lease, Some(&mut progress))
+                .await?;
+            progress.layer_done(layer);
+        }
+        let mut config_labels = HashMap::new();
+        if let Some(top_chain) = chain_ids.last() {
+            config_labels.insert(
+                format!("containerd.io/gc.ref.snapshot.{}", self.snapshotter),
+                top_chain.clone(),
+            );
+        }
+        self.ensure_blob(
+            reg,
+            &manifest.config,
+            Some(&config_bytes),
+            config_labels,
+            lease,
+            None,
+        )
+        .await?;
+        let mut manifest_labels = HashMap::from([(
+            "containerd.io/gc.ref.content.config".to_string(),
+            manifest.config.digest.clone(),
+        )]);
+        for (i, layer) in manifest.layers.iter().enumerate() {
+            manifest_labels.insert(
+                format!("containerd.io/gc.ref.content.l.{i}"),
+                layer.digest.clone(),
+            );
+        }
+        self.ensure_blob(
+            reg,
+            &manifest_desc,
+            Some(&manifest_bytes),
+            manifest_labels,
+            lease,
+            None,
+        )
+        .await?;
+        if let Some((pos, index_bytes)) = &index {
+            let labels = HashMap::from([(
+                format!("containerd.io/gc.ref.content.m.{pos}"),
+                manifest_desc.digest.clone(),
+            )]);
+            self.ensure_blob(reg, &top_desc, Some(index_bytes), labels, lease, None)
+                .await?;
+        }
+
+        // 3. Unpack.
+        self.unpack(&manifest.layers, &diff_ids, &chain_ids, lease)
+            .await?;
+
+        // 4. The image record, last.
+        let name = reg.rr.pinned();
+        self.ensure_record(&name, &top_desc, lease).await?;
+        Ok(PulledImage {
+            name,
+            target_media_type: top_type,
+            manifest_digest: manifest_desc.digest,
+            chain_ids,
+        })
+    }
+
+    /// The platform manifest in an index: `(position, descriptor)`.
+    pub(super) fn pick_platform(
+        &self,
+        index: &serde_json::Value,
+        index_digest: &str,
+    ) -> EffectResult<(usize, Descriptor)> {
+        let manifests = index
+            .get("manifests")
+            .and_then(|m| m.as_array())
+            .ok_or_else(|| EffectError::Failed(format!("index {index_digest} has no manifests")))?;
+        for (pos, m) in manifests.iter().enumerate() {
+            let platform = m.get("platform");
+            let field = |k: &str| {
+                platform
+                    .and_then(|p| p.get(k))
+                    .and_then(|v| v.as_str())
+                    .unwrap_or_default()
+            };
+            if field("os") == self.os && field("architecture") == self.architecture {
+                let desc = descriptor(m, "index entry", index_digest)?;
+                if is_index(&desc.media_type) {
+                    return Err(EffectError::Failed(format!(
+                        "index {index_digest}: nested indexes are not supported"
+                    )));
+                }
+                return Ok((pos, desc));
+            }
+        }
+        Err(EffectError::Failed(format!(
+            "index {index_digest} has no {}/{} manifest",
+            self.os, self.architecture
+        )))
+    }
+
+    /// A manifest, index or config: from the content store when present (re-verified), else
+    /// from the registry (verified against digest and size).
+    async fn small_blob(
+        &self,
+        reg: &Registry,
+        kind: BlobKind,
+        digest: &str,
+        size: Option<i64>,
+        lease: &str,
+    ) -> EffectResult<SmallBlob> {
+        let what = kind.name();
+        if let Some(size) = size
+            && !(0..=MAX_SMALL_BLOB).contains(&size)
+        {
+            return Err(EffectError::Failed(format!(
+                "{what} {digest} from {}: size {size} is over the {MAX_SMALL_BLOB}-byte limit",
+                reg.rr.display()
+            )));
+        }
+        if let Some(info) = self.content_info(digest).await? {
+            let bytes = self.read_content(digest, info.size, Some(lease)).await?;
+            verify(&bytes, digest, size, what, "the content store")?;
+            return Ok(SmallBlob {
+                bytes,
+                content_type: None,
+            });
+        }
+        let mut resp = reg.fetch(kind, digest).await?;
+        if let Some(len) = resp.content_length
+            && (len > MAX_SMALL_BLOB as u64 || size.is_some_and(|s| len != s as u64))
+        {
+            return Err(EffectError::Failed(format!(
+                "{what} {digest} from {}: registry sent {len} bytes, expected {}",
+                reg.rr.display(),
+                size.map_or_else(|| format!("at most {MAX_SMALL_BLOB}"), |s| s.to_string())
+            )));
+        }
+        let mut bytes = Vec::new();
+        let limit = size.unwrap_or(MAX_SMALL_BLOB) as usize;
+        while let Some(chunk) = resp.body.next_chunk(WRITE_CHUNK).await.map_err(|e| {
+            EffectError::Failed(format!("{what} {digest} from {}: {e}", reg.rr.display()))
+        })? {
+            bytes.extend_from_slice(&chunk);
+            if bytes.len() > limit {
+                return Err(EffectError::Failed(format!(
+                    "{what} {digest} from {}: more than {limit} bytes",
+                    reg.rr.display()
+                )));
+            }
+        }
+        verify(&bytes, digest, size, what, &reg.rr.display())?;
+        Ok(SmallBlob {
+            bytes,
+            content_type: resp.content_type,
+        })
+    }
+
+    /// Creates the agent's record, or checks the one there. A record of the same name that the
+    /// agent did not create is left as it is (never adopted, so never removed by the agent).
+    async fn ensure_record(&self, name: &str, target: &Descriptor, lease: &str) -> EffectResult {
+        let image = Image {
+            name: name.to_string(),
+            labels: HashMap::from([(PULLED_BY_LABEL.to_string(), PULLED_BY_VALUE.to_string())]),
+            target: Some(target.clone()),
+            ..Default::default()
+        };
+        match self
+            .images()
+            .create(self.req(
+                CreateImageRequest {
+                    image: Some(image.clone()),
+                    source_date_epoch: None,
+                },
+                Some(lease),
+            ))
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(s) if s.code() == Code::AlreadyExists => {}
+            Err(s) => return Err(grpc_failed(&format!("create image {name}"), &s)),
+        }
+        let existing = self
+            .images()
+            .get(self.req(
+                GetImageRequest {
+                    name: name.to_string(),
+                },
+                None,
+            ))
+            .await
+            .map_err(|s| grpc_failed(&format!("get image {name}"), &s))?
+            .into_inner()
+            .image
+            .unwrap_or_default();
+        let same_target =
+            existing.target.as_ref().map(|t| t.digest.as_str()) == Some(&target.digest);
+        if !is_agent_pulled(&existing) {
+            if same_target {
+                tracing::info!(
+                    image = name,
+                    "image record exists and was not created by the agent; left as it is"
+                );
+                return Ok(());
+            }
+            return Err(EffectError::Failed(format!(
+                "image record {name} exists with another target and was not pulled by flexnode; \
+                 refusing to change it"
+            )));
+        }
+        if same_target {
+            return Ok(());
+        }
+        self.images()
+            .update(self.req(
+                UpdateImageRequest {
+                    image: Some(image),
+                    update_mask: Some(prost_types::FieldMask {
+                        paths: vec!["target".into()],
+                    }),
+                    source_date_epoch: None,
+                },
+                Some(lease),
+            ))
+            .await
+            .map_err(|s| grpc_failed(&format!("update image {name}"), &s))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,182 @@
+//! The nspawn machine trees: a minimal bootable root per side, provisioned for a Kubernetes
+//! version (a marker records which), moved aside in one step and then deleted.
+
+use super::FsHost;
+use crate::effects::fs::{
+    TempFile, create_parents, ensure_real_dir, io_failed, read_small, remove_no_follow,
+    remove_tree, replace_symlink, sweep_temps, sync_dir, write_file_atomic,
+};
+use crate::effects::{EffectError, EffectResult};
+use crate::machine::state::Side;
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+
+/// Settings of every nspawn machine: the host's `/usr` read-only, host networking, no user
+/// namespace, so `systemd-nspawn@<side>.service` boots the host's systemd.
+pub const NSPAWN_SETTINGS: &str = "\
+[Exec]
+PrivateUsers=no
+
+[Files]
+BindReadOnly=/usr
+
+[Network]
+VirtualEthernet=no
+";
+/// Marker of a provisioned machine, written last (relative to the machine tree).
+pub const MACHINE_MARKER: &str = "etc/flexnode-machine.json";
+
+impl FsHost {
+    pub(super) fn os_release_source(&self) -> EffectResult<PathBuf> {
+        if let Some(p) = &self.os_release {
+            return Ok(p.clone());
+        }
+        let candidates = [
+            self.layout.root.join("usr/lib/os-release"),
+            self.layout.root.join("etc/os-release"),
+        ];
+        candidates
+            .iter()
+            .find(|p| p.is_file())
+            .cloned()
+            .ok_or_else(|| {
+                EffectError::Failed(format!(
+                    "no os-release for the machine: neither {} nor {} exists",
+                    candidates[0].display(),
+                    candidates[1].display()
+                ))
+            })
+    }
+
+    pub(super) fn read_marker(&self, side: Side) -> EffectResult<Option<String>> {
+        let dir = self.layout.machine_dir(side);
+        match std::fs::symlink_metadata(&dir) {
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_failed("inspect", &dir, &e)),
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(EffectError::Failed(format!(
+                    "{} is not a directory",
+                    dir.display()
+                )));
+            }
+        }
+        let marker = self.layout.machine_marker(side);
+        if std::fs::symlink_metadata(dir.join("etc")).is_ok_and(|m| !m.is_dir()) {
+            return Ok(None);
+        }
+        let Some(text) = read_small(&marker, 4096, false)? else {
+            return Ok(None);
+        };
+        let version = serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| v.get("kubernetesVersion")?.as_str().map(str::to_string));
+        if version.is_none() {
+            // Only our own atomic writes make this file: a bad one is re-provisioned.
+            tracing::warn!(path = %marker.display(), "machine marker unreadable; ignoring it");
+        }
+        Ok(version)
+    }
+
+    pub(super) fn provision(&self, side: Side, kubernetes_version: &str) -> EffectResult {
+        let l = &self.layout;
+        let machines = l.machines_dir();
+        create_parents(&machines)?;
+        if std::fs::symlink_metadata(&machines).is_err() {
+            std::fs::create_dir(&machines).map_err(|e| io_failed("create", &machines, &e))?;
+        }
+        sweep_trash(&machines, side)?;
+        let root = l.machine_dir(side);
+        // A different version being provisioned: the old marker goes first.
+        if self
+            .read_marker(side)?
+            .is_some_and(|v| v != kubernetes_version)
+        {
+            remove_no_follow(&l.machine_marker(side))?;
+        }
+        ensure_real_dir(&root, 0o755)?;
+        for (name, mode) in [
+            ("usr", 0o755),
+            ("etc", 0o755),
+            ("var", 0o755),
+            ("tmp", 0o1777),
+            ("proc", 0o555),
+            ("sys", 0o555),
+            ("dev", 0o755),
+            ("run", 0o755),
+            ("root", 0o700),
+        ] {
+            ensure_real_dir(&root.join(name), mode)?;
+        }
+        for (name, target) in [
+            ("bin", "usr/bin"),
+            ("sbin", "usr/sbin"),
+            ("lib", "usr/lib"),
+            ("lib64", "usr/lib64"),
+        ] {
+            replace_symlink(&root.join(name), target)?;
+        }
+        let etc = root.join("etc");
+        sweep_temps(&etc)?;
+        let source = self.os_release_source()?;
+        let os_release = read_small(&source, 64 << 10, true)?
+            .ok_or_else(|| EffectError::Failed(format!("read {}: not found", source.display())))?;
+        write_file_atomic(&etc.join("os-release"), os_release.as_bytes(), 0o644)?;
+        let machine_id = etc.join("machine-id");
+        if std::fs::symlink_metadata(&machine_id).is_err() {
+            write_file_atomic(&machine_id, b"", 0o444)?;
+        }
+        let nspawn = l.nspawn_dir();
+        create_parents(&nspawn)?;
+        ensure_real_dir(&nspawn, 0o755)?;
+        write_file_atomic(&l.nspawn_file(side), NSPAWN_SETTINGS.as_bytes(), 0o644)?;
+        let marker = serde_json::json!({ "kubernetesVersion": kubernetes_version });
+        write_file_atomic(
+            &l.machine_marker(side),
+            format!("{marker}\n").as_bytes(),
+            0o644,
+        )
+    }
+
+    pub(super) fn remove_machine_tree(&self, side: Side) -> EffectResult {
+        let l = &self.layout;
+        remove_no_follow(&l.nspawn_file(side))?;
+        let machines = l.machines_dir();
+        let root = l.machine_dir(side);
+        match std::fs::symlink_metadata(&root) {
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(io_failed("inspect", &root, &e)),
+            Ok(m) if m.is_dir() => {
+                // Out of the way in one step (the marker goes with it), then deleted.
+                let trash = TempFile::name_in(&machines, &format!("{}.removing", side.name()))?;
+                std::fs::rename(&root, trash.path())
+                    .map_err(|e| io_failed("move away", &root, &e))?;
+                sync_dir(&machines)?;
+                remove_tree(trash.path())?;
+                trash.keep();
+            }
+            Ok(_) => remove_no_follow(&root)?,
+        }
+        if std::fs::symlink_metadata(&machines).is_ok() {
+            sweep_trash(&machines, side)?;
+        }
+        Ok(())
+    }
+}
+
+/// Removes machine trees a crash left half-removed (`.<side>.removing.*.tmp`).
+fn sweep_trash(machines: &Path, side: Side) -> EffectResult {
+    let prefix = format!(".{}.removing.", side.name());
+    let entries = match std::fs::read_dir(machines) {
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_failed("list", machines, &e)),
+        Ok(entries) => entries,
+    };
+    for entry in entries {
+        let entry = entry.map_err(|e| io_failed("list", machines, &e))?;
+        if entry.file_name().to_string_lossy().starts_with(&prefix) {
+            remove_tree(&entry.path())?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,110 @@
+//! A claimed operation on a resting node: what each kind starts.
+
+use super::{Step, finish};
+use crate::machine::agent::{AgentBuild, Slot, UpgradeTarget};
+use crate::machine::effect::Effect;
+use crate::machine::input::{Claim, ClaimKind};
+use crate::machine::policy::Policy;
+use crate::machine::refusal::Refusal;
+use crate::machine::result::ResultReason;
+use crate::machine::state::{NodeInfo, NodeState, OpRun, ResetCause, ResetPhase, UpgradePhase};
+use crate::machine::time::Timestamp;
+use crate::machine::validate::validate_upgrade;
+
+pub(super) fn claim_operation(
+    node: &NodeInfo,
+    claim: &Claim,
+    policy: &Policy,
+    now: Timestamp,
+) -> Result<Step, Refusal> {
+    if node.finished.contains(&claim.op.uid) {
+        return Err(Refusal::AlreadyFinished {
+            op: claim.op.clone(),
+        });
+    }
+    let run = |secs: i64| OpRun {
+        op: claim.op.clone(),
+        started_at: now,
+        deadline: now.plus_secs(secs),
+        attempt: 1,
+        machine_generation: claim.machine_generation,
+    };
+    let progress = |message: String| Effect::ReportProgress {
+        op: claim.op.clone(),
+        message,
+        machine_generation: claim.machine_generation,
+        started_at: now,
+    };
+    Ok(match &claim.kind {
+        ClaimKind::NodeReboot => Step::to(
+            NodeState::Rebooting {
+                node: node.clone(),
+                run: run(policy.reboot_secs),
+            },
+            vec![
+                progress(format!(
+                    "restarting active nspawn machine {}",
+                    node.active.name()
+                )),
+                Effect::RestartMachine {
+                    side: node.active,
+                    not_before: now,
+                },
+            ],
+        ),
+        ClaimKind::AgentReset => Step::to(
+            NodeState::Resetting {
+                node: node.clone(),
+                run: Some(run(policy.reset_secs)),
+                cause: ResetCause::Operation,
+                phase: ResetPhase::Wiping,
+                deadline: now.plus_secs(policy.reset_secs),
+            },
+            vec![
+                progress("resetting local nspawn node runtime".into()),
+                Effect::WipeNode,
+            ],
+        ),
+        ClaimKind::AgentUpgrade { parameters } => {
+            match validate_upgrade(node.mode, node.arch, parameters) {
+                Err(invalid) => finish(
+                    node,
+                    &run(0),
+                    ResultReason::InvalidParameters,
+                    invalid.message(),
+                ),
+                Ok(target) => {
+                    let candidate = candidate_for(node, &target);
+                    Step::to(
+                        NodeState::Upgrading {
+                            node: node.clone(),
+                            run: run(policy.stage_secs),
+                            target: target.clone(),
+                            candidate: candidate.clone(),
+                            phase: UpgradePhase::Staging,
+                        },
+                        vec![
+                            progress("staging upgraded agent".into()),
+                            Effect::StageAgent { target, candidate },
+                        ],
+                    )
+                }
+            }
+        }
+    })
+}
+
+/// Host install: the slot `current` does not point to. Container install: the image itself.
+fn candidate_for(node: &NodeInfo, target: &UpgradeTarget) -> AgentBuild {
+    match target {
+        UpgradeTarget::Archive { .. } => AgentBuild::Slot {
+            slot: match &node.agent {
+                AgentBuild::Slot { slot } => slot.other(),
+                AgentBuild::Image { .. } => Slot::Blue,
+            },
+        },
+        UpgradeTarget::Image { digest, .. } => AgentBuild::Image {
+            digest: digest.clone(),
+        },
+    }
+}

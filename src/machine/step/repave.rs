@@ -1,0 +1,140 @@
+//! Repave: the Machine's goal changed while the Node is gone — build the other side, switch
+//! over, retire the old one; a failure after the old side stopped brings it back.
+
+use super::{Step, machine_report};
+use crate::machine::effect::Effect;
+use crate::machine::policy::Policy;
+use crate::machine::result::MachinePhase;
+use crate::machine::state::{Goal, NodeInfo, NodeState, RepavePhase};
+use crate::machine::time::Timestamp;
+
+/// Provision the other side while the active one keeps running.
+pub(super) fn start(node: &NodeInfo, goal: Goal, policy: &Policy, now: Timestamp) -> Step {
+    Step::to(
+        NodeState::Repaving {
+            node: node.clone(),
+            goal: goal.clone(),
+            phase: RepavePhase::Provisioning,
+            deadline: now.plus_secs(policy.repave_secs),
+        },
+        vec![
+            machine_report(
+                MachinePhase::Provisioning,
+                &format!("repaving to {}", node.active.other().name()),
+                None,
+            ),
+            Effect::ProvisionMachine {
+                side: node.active.other(),
+                kubernetes_version: goal.kubernetes_version,
+            },
+        ],
+    )
+}
+
+pub(super) fn effects_done(
+    node: &NodeInfo,
+    goal: &Goal,
+    phase: &RepavePhase,
+    deadline: Timestamp,
+) -> Step {
+    let from = node.active;
+    let to = from.other();
+    match phase {
+        RepavePhase::Provisioning => Step::to(
+            NodeState::Repaving {
+                node: node.clone(),
+                goal: goal.clone(),
+                phase: RepavePhase::SwitchingOver,
+                deadline,
+            },
+            vec![
+                Effect::StopMachine { side: from },
+                Effect::StartMachine { side: to },
+            ],
+        ),
+        RepavePhase::SwitchingOver => Step::to(
+            NodeState::Repaving {
+                node: NodeInfo {
+                    active: to,
+                    previous: Some(node.applied.clone()),
+                    applied: goal.clone(),
+                    ..node.clone()
+                },
+                goal: goal.clone(),
+                phase: RepavePhase::Retiring,
+                deadline,
+            },
+            vec![Effect::RemoveMachine { side: from }],
+        ),
+        RepavePhase::RollingBack { message } => repave_failed(
+            node,
+            &format!(
+                "repave to {} failed and was rolled back: {message}",
+                to.name()
+            ),
+        ),
+        RepavePhase::Retiring => repave_done(node),
+    }
+}
+
+pub(super) fn repave_failure(
+    node: &NodeInfo,
+    goal: &Goal,
+    phase: &RepavePhase,
+    deadline: Timestamp,
+    message: &str,
+) -> Step {
+    let from = node.active;
+    let to = from.other();
+    match phase {
+        // The old side never stopped: drop the half-built new side.
+        RepavePhase::Provisioning => {
+            let mut step =
+                repave_failed(node, &format!("repave to {} failed: {message}", to.name()));
+            step.effects.insert(0, Effect::RemoveMachine { side: to });
+            step
+        }
+        // Beyond the anchor: the old side was stopped, so bring it back.
+        RepavePhase::SwitchingOver => Step::to(
+            NodeState::Repaving {
+                node: node.clone(),
+                goal: goal.clone(),
+                phase: RepavePhase::RollingBack {
+                    message: message.to_string(),
+                },
+                deadline,
+            },
+            vec![
+                Effect::StopMachine { side: to },
+                Effect::StartMachine { side: from },
+            ],
+        ),
+        RepavePhase::RollingBack { message: first } => repave_failed(
+            node,
+            &format!(
+                "repave to {} failed ({first}) and the rollback failed: {message}",
+                to.name()
+            ),
+        ),
+        // The new side runs; a leftover old side is only untidy.
+        RepavePhase::Retiring => repave_done(node),
+    }
+}
+
+fn repave_failed(node: &NodeInfo, message: &str) -> Step {
+    Step::to(
+        NodeState::Ready { node: node.clone() },
+        vec![machine_report(MachinePhase::Failed, message, None)],
+    )
+}
+
+fn repave_done(node: &NodeInfo) -> Step {
+    Step::to(
+        NodeState::Ready { node: node.clone() },
+        vec![machine_report(
+            MachinePhase::Ready,
+            "machine goal state applied",
+            Some(node.applied.generation),
+        )],
+    )
+}

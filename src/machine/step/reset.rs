@@ -1,0 +1,173 @@
+//! Reset (AgentReset, the deletion signal, `flexnode reset`): wipe the node, publish the
+//! operation's result before the daemon goes, uninstall the agent.
+
+use super::{MSG_INTERRUPTED_BY_RESET, MSG_RESET_DONE, Step, finish, machine_report, op_result};
+use crate::machine::effect::Effect;
+use crate::machine::input::Input;
+use crate::machine::policy::Policy;
+use crate::machine::result::{MachinePhase, ResultReason};
+use crate::machine::state::{NodeInfo, NodeState, OpRun, ResetCause, ResetPhase};
+use crate::machine::time::Timestamp;
+
+/// A `Resetting` state's fields.
+pub(super) struct Resetting<'a> {
+    pub node: &'a NodeInfo,
+    pub run: Option<&'a OpRun>,
+    pub cause: ResetCause,
+    pub phase: &'a ResetPhase,
+    pub deadline: Timestamp,
+}
+
+/// Starts a reset. An operation interrupted by it gets a published result first.
+pub(super) fn reset(
+    node: &NodeInfo,
+    run: Option<&OpRun>,
+    cause: ResetCause,
+    abandoned: Option<&OpRun>,
+    policy: &Policy,
+    now: Timestamp,
+) -> Step {
+    let mut effects = Vec::new();
+    let mut node = node.clone();
+    if let Some(old) = abandoned {
+        effects.push(Effect::PublishResult {
+            op: old.op.clone(),
+            result: op_result(old, ResultReason::ExecutionFailed, MSG_INTERRUPTED_BY_RESET),
+        });
+        node = node.finishing(&old.op.uid);
+    }
+    effects.push(Effect::WipeNode);
+    Step::to(
+        NodeState::Resetting {
+            node,
+            run: run.cloned(),
+            cause,
+            phase: ResetPhase::Wiping,
+            deadline: now.plus_secs(policy.reset_secs),
+        },
+        effects,
+    )
+}
+
+fn uninstall(node: &NodeInfo, cause: ResetCause, policy: &Policy, now: Timestamp) -> Step {
+    Step::to(
+        NodeState::Resetting {
+            node: node.clone(),
+            run: None,
+            cause,
+            phase: ResetPhase::Uninstalling,
+            deadline: now.plus_secs(policy.reset_secs),
+        },
+        vec![Effect::UninstallAgent],
+    )
+}
+
+/// The phase's effects are done: publish the operation's result, then uninstall, then rest.
+pub(super) fn effects_done(
+    node: &NodeInfo,
+    run: Option<&OpRun>,
+    cause: ResetCause,
+    phase: &ResetPhase,
+    policy: &Policy,
+    now: Timestamp,
+) -> Step {
+    match (phase, run) {
+        (ResetPhase::Wiping, Some(run)) => {
+            let result = op_result(run, ResultReason::Succeeded, MSG_RESET_DONE);
+            Step::to(
+                NodeState::Resetting {
+                    node: node.finishing(&run.op.uid),
+                    run: Some(OpRun {
+                        deadline: now.plus_secs(policy.publish_secs),
+                        ..run.clone()
+                    }),
+                    cause,
+                    phase: ResetPhase::Publishing,
+                    deadline: now.plus_secs(policy.publish_secs),
+                },
+                vec![
+                    Effect::PublishResult {
+                        op: run.op.clone(),
+                        result,
+                    },
+                    Effect::AwaitPublished { op: run.op.clone() },
+                ],
+            )
+        }
+        (ResetPhase::Wiping | ResetPhase::Publishing, _) | (ResetPhase::Uninstalling, Some(_)) => {
+            uninstall(node, cause, policy, now)
+        }
+        (ResetPhase::Uninstalling, None) => Step::to(
+            NodeState::Unjoined {
+                finished: node.finished.clone(),
+            },
+            Vec::new(),
+        ),
+    }
+}
+
+/// An effect failed, or a tick found the deadline due: fail the wipe, keep trying to publish
+/// (bounded), or go on uninstalling.
+pub(super) fn failed_or_due(
+    state: &NodeState,
+    r: Resetting<'_>,
+    input: &Input,
+    policy: &Policy,
+    now: Timestamp,
+) -> Step {
+    let message = match input {
+        Input::EffectsFailed { message } => Some(message.as_str()),
+        Input::Tick if now >= r.deadline => Some("reset timed out"),
+        Input::Tick
+        | Input::Join(_)
+        | Input::OperationClaimed(_)
+        | Input::GoalObserved(_)
+        | Input::EffectsDone
+        | Input::DaemonStarted { .. }
+        | Input::RecoveryRequested { .. }
+        | Input::ResetRequested => None,
+    };
+    let Some(message) = message else {
+        return Step::stay(state);
+    };
+    let node = r.node;
+    match (r.phase, r.run) {
+        (ResetPhase::Wiping, Some(run)) => {
+            finish(node, run, ResultReason::ExecutionFailed, message)
+        }
+        (ResetPhase::Wiping, None) => Step::to(
+            NodeState::Ready { node: node.clone() },
+            vec![machine_report(
+                MachinePhase::Failed,
+                &format!("{} failed: {message}", r.cause),
+                None,
+            )],
+        ),
+        // Keep trying to publish (bounded), then go anyway: the result stays in the store and
+        // is re-published by a later daemon.
+        (ResetPhase::Publishing, Some(run))
+            if now < r.deadline && run.attempt < policy.publish_attempts =>
+        {
+            Step::to(
+                NodeState::Resetting {
+                    node: node.clone(),
+                    run: Some(OpRun {
+                        attempt: run.attempt + 1,
+                        ..run.clone()
+                    }),
+                    cause: r.cause,
+                    phase: ResetPhase::Publishing,
+                    deadline: r.deadline,
+                },
+                vec![Effect::AwaitPublished { op: run.op.clone() }],
+            )
+        }
+        (ResetPhase::Publishing, _) => uninstall(node, r.cause, policy, now),
+        (ResetPhase::Uninstalling, _) => Step::to(
+            NodeState::Unjoined {
+                finished: node.finished.clone(),
+            },
+            Vec::new(),
+        ),
+    }
+}

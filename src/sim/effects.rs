@@ -1,0 +1,428 @@
+//! The effects traits over the simulated world, behaving as the real daemons do (the effects
+//! contract in `tests/effects_contract.rs` holds both to the same cases).
+
+use super::host::SimHost;
+use super::world::*;
+use crate::effects::{
+    Containerd, EffectError, EffectResult, Host, MachineStatus, Publisher, Systemd, check_unit_name,
+};
+use crate::machine::Timestamp;
+use crate::machine::agent::{AgentBuild, ArchiveUrl, InstallMode, Sha256Hex};
+use crate::machine::result::{MachinePhase, OpResult};
+use crate::machine::state::{OpRef, Side};
+
+impl Systemd for SimHost {
+    async fn write_unit(&self, name: &str, contents: &str) -> EffectResult {
+        self.run("write_unit", name, |w| {
+            check_unit_name(name)?;
+            let u = w.units.entry(name.to_string()).or_default();
+            u.contents = contents.to_string();
+            u.file = true;
+            Ok(())
+        })
+    }
+
+    /// The file goes; a running unit keeps running until stopped.
+    async fn remove_unit(&self, name: &str) -> EffectResult {
+        self.run("remove_unit", name, |w| {
+            check_unit_name(name)?;
+            if let Some(u) = w.units.get_mut(name) {
+                u.file = false;
+                u.enabled = false;
+                u.contents.clear();
+            }
+            w.collect(name);
+            Ok(())
+        })
+    }
+
+    async fn unit_file_present(&self, name: &str) -> EffectResult<bool> {
+        self.read("unit_file_present", name)?;
+        check_unit_name(name)?;
+        Ok(self.world().units.get(name).is_some_and(|u| u.file))
+    }
+
+    async fn is_enabled(&self, unit: &str) -> EffectResult<bool> {
+        self.read("is_enabled", unit)?;
+        check_unit_name(unit)?;
+        let mut w = self.world();
+        if let Some(side) = World::machine_side(unit) {
+            return Ok(w.machine(side).enabled);
+        }
+        Ok(w.units.get(unit).is_some_and(|u| u.enabled))
+    }
+
+    async fn daemon_reload(&self) -> EffectResult {
+        self.run("daemon_reload", "", |w| {
+            w.reloads += 1;
+            Ok(())
+        })
+    }
+
+    async fn enable(&self, unit: &str) -> EffectResult {
+        self.run("enable", unit, |w| {
+            check_unit_name(unit)?;
+            // A machine unit is an instance of systemd's own template: its file always exists.
+            if let Some(side) = World::machine_side(unit) {
+                w.machine(side).enabled = true;
+                w.reloads += 1;
+                return Ok(());
+            }
+            match w.units.get_mut(unit).filter(|u| u.file) {
+                Some(u) => u.enabled = true,
+                None => {
+                    return Err(EffectError::Failed(format!(
+                        "enable {unit}: Unit file {unit} does not exist."
+                    )));
+                }
+            }
+            // As systemctl does after changing symlinks.
+            w.reloads += 1;
+            Ok(())
+        })
+    }
+
+    async fn disable(&self, unit: &str) -> EffectResult {
+        self.run("disable", unit, |w| {
+            check_unit_name(unit)?;
+            if let Some(side) = World::machine_side(unit) {
+                w.machine(side).enabled = false;
+            }
+            if let Some(u) = w.units.get_mut(unit) {
+                u.enabled = false;
+            }
+            w.reloads += 1;
+            Ok(())
+        })
+    }
+
+    async fn start(&self, unit: &str) -> EffectResult {
+        self.run("start", unit, |w| {
+            check_unit_name(unit)?;
+            w.start_unit(unit)
+        })
+    }
+
+    async fn stop(&self, unit: &str) -> EffectResult {
+        self.run("stop", unit, |w| {
+            check_unit_name(unit)?;
+            w.stop_unit(unit);
+            Ok(())
+        })
+    }
+
+    async fn restart(&self, unit: &str) -> EffectResult {
+        self.pause("restart").await;
+        self.run("restart", unit, |w| {
+            check_unit_name(unit)?;
+            if unit == crate::effects::AGENT_UNIT {
+                w.agent_restarts += 1;
+            }
+            w.restart_unit(unit)
+        })
+    }
+
+    // The simulated manager has no jobs to wait for.
+    async fn start_no_wait(&self, unit: &str) -> EffectResult {
+        self.start(unit).await
+    }
+
+    async fn restart_no_wait(&self, unit: &str) -> EffectResult {
+        self.restart(unit).await
+    }
+
+    async fn reset_failed(&self, unit: &str) -> EffectResult {
+        self.run("reset_failed", unit, |w| {
+            check_unit_name(unit)?;
+            if let Some(u) = w.units.get_mut(unit) {
+                u.failed = false;
+            }
+            Ok(())
+        })
+    }
+
+    async fn schedule_restart(&self, unit: &str, delay_ms: u64) -> EffectResult {
+        self.run("schedule_restart", unit, |w| {
+            check_unit_name(unit)?;
+            let due = Timestamp::from_millis(
+                w.now
+                    .millis()
+                    .saturating_add(i64::try_from(delay_ms).unwrap_or(i64::MAX)),
+            );
+            w.restart_timers.push(RestartTimer {
+                unit: unit.to_string(),
+                delay_ms,
+                due,
+                fired: false,
+            });
+            Ok(())
+        })
+    }
+
+    async fn active_since(&self, unit: &str) -> EffectResult<Option<Timestamp>> {
+        self.read("active_since", unit)?;
+        check_unit_name(unit)?;
+        let mut w = self.world();
+        if let Some(side) = World::machine_side(unit) {
+            let m = w.machine(side);
+            return Ok(m.started_at.filter(|_| m.running));
+        }
+        Ok(w.units.get(unit).and_then(|u| u.active_since))
+    }
+
+    /// Simulated units start at once: their run begins when they become active.
+    async fn started_since(&self, unit: &str) -> EffectResult<Option<Timestamp>> {
+        self.read("started_since", unit)?;
+        check_unit_name(unit)?;
+        let mut w = self.world();
+        if let Some(side) = World::machine_side(unit) {
+            let m = w.machine(side);
+            return Ok(m.started_at.filter(|_| m.running));
+        }
+        Ok(w.units.get(unit).and_then(|u| u.active_since))
+    }
+
+    async fn machine_status(&self, side: Side) -> EffectResult<MachineStatus> {
+        self.read("machine_status", side.name())?;
+        let mut w = self.world();
+        let m = w.machine(side);
+        Ok(MachineStatus {
+            running: m.running,
+            started_at: m.started_at.filter(|_| m.running),
+        })
+    }
+}
+
+impl Containerd for SimHost {
+    async fn pull(&self, reference: &str, digest: &Sha256Hex) -> EffectResult {
+        self.run("pull", reference, |w| {
+            // As the real pull: the reference must be pinned to the digest asked for.
+            let (name, pinned) = reference.rsplit_once('@').ok_or_else(|| {
+                EffectError::Failed(
+                    "image reference: not pinned by digest (registry/repository@sha256:…)".into(),
+                )
+            })?;
+            if pinned != digest.oci() {
+                return Err(EffectError::Failed(format!(
+                    "image reference is pinned to {pinned}, but {} was requested",
+                    digest.oci()
+                )));
+            }
+            let build = w.registry.get(digest.as_str()).cloned().ok_or_else(|| {
+                EffectError::Failed(format!("manifest {} not found in {name}", digest.oci()))
+            })?;
+            w.images.insert(digest.as_str().to_string(), build);
+            Ok(())
+        })
+    }
+
+    async fn image_present(&self, digest: &Sha256Hex) -> EffectResult<bool> {
+        self.read("image_present", digest.short())?;
+        let w = self.world();
+        Ok(w.images.contains_key(digest.as_str()) && !w.foreign_images.contains(digest.as_str()))
+    }
+
+    async fn remove_agent_image(&self, digest: &Sha256Hex) -> EffectResult {
+        self.run("remove_agent_image", digest.short(), |w| {
+            // As the real one: someone else's image is refused, never removed.
+            if w.foreign_images.contains(digest.as_str()) {
+                return Err(EffectError::Failed(format!(
+                    "image {digest} was not pulled by flexnode; not removing it"
+                )));
+            }
+            w.images.remove(digest.as_str());
+            Ok(())
+        })
+    }
+}
+
+impl Host for SimHost {
+    async fn install_agent(&self, mode: InstallMode, build: &AgentBuild) -> EffectResult {
+        self.run("install_agent", mode.as_str(), |w| {
+            let installed = Build {
+                version: crate::VERSION.to_string(),
+                crashes: false,
+            };
+            match build {
+                AgentBuild::Slot { slot } => {
+                    w.slots.entry(*slot).or_insert(installed);
+                }
+                AgentBuild::Image { digest } => {
+                    w.images
+                        .entry(digest.as_str().to_string())
+                        .or_insert(installed);
+                }
+            }
+            w.current = Some(build.clone());
+            w.runtime_files = true;
+            Ok(())
+        })
+    }
+
+    async fn stage_archive(
+        &self,
+        url: &ArchiveUrl,
+        sha256: &Sha256Hex,
+        build: &AgentBuild,
+    ) -> EffectResult {
+        self.run("stage_archive", &url.to_string(), |w| {
+            let AgentBuild::Slot { slot } = build else {
+                return Err(EffectError::Failed(
+                    "an archive installs into a slot".into(),
+                ));
+            };
+            let (served_sha, served) = w
+                .artifacts
+                .get(url.expose())
+                .cloned()
+                .ok_or_else(|| EffectError::Failed(format!("download of {url} failed: 404")))?;
+            if served_sha != sha256.as_str() {
+                return Err(EffectError::Failed(
+                    "downloaded archive does not match sha256".into(),
+                ));
+            }
+            w.slots.insert(*slot, served);
+            Ok(())
+        })
+    }
+
+    async fn check_candidate(&self, build: &AgentBuild) -> EffectResult<String> {
+        self.read("check_candidate", &build.to_string())?;
+        let w = self.world();
+        w.build_of(build)
+            .map(|b| format!("flexnode {}", b.version))
+            .ok_or_else(|| EffectError::Failed(format!("candidate {build} is not installed")))
+    }
+
+    async fn discard_candidate(&self, build: &AgentBuild) -> EffectResult {
+        self.run("discard_candidate", &build.to_string(), |w| {
+            if w.current.as_ref() != Some(build) {
+                match build {
+                    AgentBuild::Slot { slot } => {
+                        w.slots.remove(slot);
+                    }
+                    AgentBuild::Image { .. } => {}
+                }
+            }
+            Ok(())
+        })
+    }
+
+    async fn selected_agent(&self, _mode: InstallMode) -> EffectResult<Option<AgentBuild>> {
+        self.read("selected_agent", "")?;
+        Ok(self.world().current.clone())
+    }
+
+    async fn select_agent(
+        &self,
+        _mode: InstallMode,
+        to: &AgentBuild,
+        last_good: &AgentBuild,
+    ) -> EffectResult {
+        self.run("select_agent", &to.to_string(), |w| {
+            if w.build_of(to).is_none() {
+                return Err(EffectError::Failed(format!("{to} is not installed")));
+            }
+            w.last_good = Some(last_good.clone());
+            w.current = Some(to.clone());
+            Ok(())
+        })
+    }
+
+    async fn remove_agent_links(&self) -> EffectResult {
+        self.run("remove_agent_links", "", |w| {
+            w.current = None;
+            w.last_good = None;
+            Ok(())
+        })
+    }
+
+    async fn agent_links_present(&self) -> EffectResult<bool> {
+        self.read("agent_links_present", "")?;
+        let w = self.world();
+        Ok(w.current.is_some() || w.last_good.is_some())
+    }
+
+    async fn machine_rootfs(&self, side: Side) -> EffectResult<Option<String>> {
+        self.read("machine_rootfs", side.name())?;
+        Ok(self.world().machine(side).kubernetes_version.clone())
+    }
+
+    async fn provision_machine(&self, side: Side, kubernetes_version: &str) -> EffectResult {
+        self.run("provision_machine", side.name(), |w| {
+            w.machine(side).kubernetes_version = Some(kubernetes_version.to_string());
+            Ok(())
+        })
+    }
+
+    async fn remove_machine(&self, side: Side) -> EffectResult {
+        self.run("remove_machine", side.name(), |w| {
+            let m = w.machine(side);
+            m.kubernetes_version = None;
+            m.running = false;
+            m.started_at = None;
+            Ok(())
+        })
+    }
+
+    async fn runtime_present(&self) -> EffectResult<bool> {
+        self.read("runtime_present", "")?;
+        Ok(self.world().runtime_files)
+    }
+
+    async fn wipe_runtime(&self) -> EffectResult {
+        self.run("wipe_runtime", "", |w| {
+            w.runtime_files = false;
+            Ok(())
+        })
+    }
+}
+
+impl Publisher for SimHost {
+    async fn report_progress(
+        &self,
+        op: &OpRef,
+        message: &str,
+        machine_generation: i64,
+        _started_at: Timestamp,
+    ) -> EffectResult {
+        self.run("report_progress", &op.name, |w| {
+            w.api()?;
+            w.api.push(ApiWrite::Progress {
+                op: op.clone(),
+                message: message.to_string(),
+                machine_generation,
+            });
+            Ok(())
+        })
+    }
+
+    async fn publish_result(&self, op: &OpRef, result: &OpResult, at: Timestamp) -> EffectResult {
+        self.run("publish_result", &op.name, |w| {
+            w.api()?;
+            w.api.push(ApiWrite::Result {
+                op: op.clone(),
+                result: result.clone(),
+                completed_at: at,
+            });
+            Ok(())
+        })
+    }
+
+    async fn report_machine(
+        &self,
+        phase: MachinePhase,
+        message: &str,
+        observed_generation: Option<i64>,
+    ) -> EffectResult {
+        self.run("report_machine", phase.as_str(), |w| {
+            w.api()?;
+            w.api.push(ApiWrite::Machine {
+                phase,
+                message: message.to_string(),
+                observed_generation,
+            });
+            Ok(())
+        })
+    }
+}

@@ -1,0 +1,249 @@
+//! `SimHost`: a handle on the simulated world for the effects and for the harness (serve
+//! artifacts, inject faults, read results, take a snapshot).
+
+use super::world::*;
+use crate::effects::{EffectError, EffectResult};
+use crate::machine::Timestamp;
+use crate::machine::agent::{AgentBuild, Slot};
+use crate::machine::result::{MachinePhase, OpResult};
+use crate::machine::state::{OpRef, Side};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// A unit in a [`HostSnapshot`]: its file and state, without times.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnitSnapshot {
+    pub contents: String,
+    pub file: bool,
+    pub enabled: bool,
+    pub active: bool,
+    pub failed: bool,
+}
+
+/// The simulated host and API server as a whole, without times (see [`SimHost::snapshot`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostSnapshot {
+    pub units: BTreeMap<String, UnitSnapshot>,
+    /// Per side: the provisioned Kubernetes version, whether its unit is enabled, and
+    /// whether it runs.
+    pub machines: BTreeMap<Side, (Option<String>, bool, bool)>,
+    pub slots: BTreeMap<Slot, Build>,
+    pub images: BTreeMap<String, Build>,
+    pub current: Option<AgentBuild>,
+    pub last_good: Option<AgentBuild>,
+    pub runtime_files: bool,
+    pub pending_restart_timers: usize,
+    pub agent_restarts: u32,
+    /// The first published result of each operation UID: reason and message.
+    pub results: BTreeMap<String, (crate::machine::result::ResultReason, String)>,
+    /// The last Machine status written.
+    pub machine_status: Option<(MachinePhase, String, Option<i64>)>,
+}
+
+type TimeSource = Arc<dyn Fn() -> Timestamp + Send + Sync>;
+
+#[derive(Clone, Default)]
+pub struct SimHost {
+    world: Arc<Mutex<World>>,
+    time: Option<TimeSource>,
+}
+
+impl std::fmt::Debug for SimHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimHost").finish_non_exhaustive()
+    }
+}
+
+impl SimHost {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn world(&self) -> MutexGuard<'_, World> {
+        let mut w = self.world.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(time) = &self.time {
+            w.now = time();
+        }
+        w.fire_due_timers();
+        w
+    }
+
+    /// Host time follows this source (the simulation clock) instead of `World::now`.
+    pub fn set_time_source(&mut self, time: impl Fn() -> Timestamp + Send + Sync + 'static) {
+        self.time = Some(Arc::new(time));
+    }
+
+    pub fn serve_artifact(&self, url: &str, sha256: &str, build: Build) {
+        self.world()
+            .artifacts
+            .insert(url.to_string(), (sha256.to_string(), build));
+    }
+
+    pub fn serve_image(&self, digest: &str, build: Build) {
+        self.world().registry.insert(digest.to_string(), build);
+    }
+
+    pub fn inject(&self, call: &'static str, kind: FaultKind, nth: u32) {
+        self.world().faults.push(Fault { call, kind, nth });
+    }
+
+    /// The agent's process exited (after a reset, or it died): its unit is inactive.
+    pub fn agent_exited(&self) {
+        self.world().stop_unit(crate::effects::AGENT_UNIT);
+    }
+
+    /// systemd (re)started the agent unit (a new agent process).
+    pub fn agent_started(&self) {
+        let mut w = self.world();
+        let now = w.now;
+        if let Some(u) = w.units.get_mut(crate::effects::AGENT_UNIT) {
+            u.active = true;
+            u.active_since = Some(now);
+        }
+    }
+
+    /// The build of the selected agent, as the agent unit would start it.
+    pub fn selected_build(&self) -> Option<(AgentBuild, Build)> {
+        let w = self.world();
+        let current = w.current.clone()?;
+        let build = w.build_of(&current)?;
+        Some((current, build))
+    }
+
+    pub fn results(&self) -> Vec<(OpRef, OpResult)> {
+        self.publishes()
+            .into_iter()
+            .map(|(op, result, _)| (op, result))
+            .collect()
+    }
+
+    /// Every result publish, in order, with its `completedAt`.
+    pub fn publishes(&self) -> Vec<(OpRef, OpResult, Timestamp)> {
+        self.world()
+            .api
+            .iter()
+            .filter_map(|w| match w {
+                ApiWrite::Result {
+                    op,
+                    result,
+                    completed_at,
+                } => Some((op.clone(), result.clone(), *completed_at)),
+                ApiWrite::Progress { .. } | ApiWrite::Machine { .. } => None,
+            })
+            .collect()
+    }
+
+    /// What the host and the API server hold now, without times and call logs: two runs that
+    /// did the same things end in equal snapshots.
+    pub fn snapshot(&self) -> HostSnapshot {
+        let w = self.world();
+        let mut results = BTreeMap::new();
+        let mut machine_status = None;
+        for write in &w.api {
+            match write {
+                ApiWrite::Result { op, result, .. } => {
+                    results
+                        .entry(op.uid.clone())
+                        .or_insert_with(|| (result.reason, result.message.clone()));
+                }
+                ApiWrite::Machine {
+                    phase,
+                    message,
+                    observed_generation,
+                } => machine_status = Some((*phase, message.clone(), *observed_generation)),
+                ApiWrite::Progress { .. } => {}
+            }
+        }
+        HostSnapshot {
+            units: w
+                .units
+                .iter()
+                .map(|(name, u)| {
+                    let state = UnitSnapshot {
+                        contents: u.contents.clone(),
+                        file: u.file,
+                        enabled: u.enabled,
+                        active: u.active,
+                        failed: u.failed,
+                    };
+                    (name.clone(), state)
+                })
+                .collect(),
+            machines: w
+                .machines
+                .iter()
+                .map(|(side, m)| {
+                    let state = (m.kubernetes_version.clone(), m.enabled, m.running);
+                    (*side, state)
+                })
+                .collect(),
+            slots: w.slots.clone(),
+            images: w.images.clone(),
+            current: w.current.clone(),
+            last_good: w.last_good.clone(),
+            runtime_files: w.runtime_files,
+            pending_restart_timers: w.restart_timers.iter().filter(|t| !t.fired).count(),
+            agent_restarts: w.agent_restarts,
+            results,
+            machine_status,
+        }
+    }
+
+    /// Records the call and applies a scripted fault, if one is due.
+    pub(super) fn enter(
+        &self,
+        call: &'static str,
+        detail: &str,
+    ) -> Result<Option<FaultKind>, EffectError> {
+        let mut w = self.world();
+        let mut fired = None;
+        for f in w.faults.iter_mut().filter(|f| f.call == call) {
+            if f.nth == 0 {
+                fired = Some(f.kind);
+                f.nth = u32::MAX;
+                break;
+            }
+            f.nth = f.nth.saturating_sub(1);
+        }
+        w.faults.retain(|f| f.nth != u32::MAX);
+        // A call the process died before making never reached the host.
+        if fired != Some(FaultKind::CrashBefore) {
+            w.calls.push(format!("{call}({detail})"));
+        }
+        match fired {
+            Some(FaultKind::Fail) => Err(EffectError::Failed(format!("{call} failed (injected)"))),
+            Some(FaultKind::CrashBefore) => Err(EffectError::Crashed),
+            Some(FaultKind::CrashAfter) => Ok(Some(FaultKind::CrashAfter)),
+            None => Ok(None),
+        }
+    }
+
+    pub(super) async fn pause(&self, call: &'static str) {
+        let delay = self.world().slow.get(call).copied();
+        if let Some(d) = delay {
+            tokio::time::sleep(d).await;
+        }
+    }
+
+    /// A read: a crash "after" it is a crash all the same.
+    pub(super) fn read(&self, call: &'static str, detail: &str) -> EffectResult {
+        match self.enter(call, detail)? {
+            Some(FaultKind::CrashAfter) => Err(EffectError::Crashed),
+            Some(FaultKind::Fail | FaultKind::CrashBefore) | None => Ok(()),
+        }
+    }
+
+    pub(super) fn run(
+        &self,
+        call: &'static str,
+        detail: &str,
+        f: impl FnOnce(&mut World) -> EffectResult,
+    ) -> EffectResult {
+        let fault = self.enter(call, detail)?;
+        f(&mut self.world())?;
+        match fault {
+            Some(FaultKind::CrashAfter) => Err(EffectError::Crashed),
+            Some(FaultKind::Fail | FaultKind::CrashBefore) | None => Ok(()),
+        }
+    }
+}
