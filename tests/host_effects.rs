@@ -1184,3 +1184,44 @@ async fn https_downloads_need_a_trusted_certificate() {
     }
     assert_eq!(server.served().matches("GET /a.tgz").count(), before);
 }
+
+/// On a host with no CA certificates at all (a minimal image: the QEMU guest of the host
+/// suite has none), http downloads still work and https trusts only trustedCAFile. The
+/// system store is emptied for a child run of this test (`SSL_CERT_FILE`/`SSL_CERT_DIR`
+/// pointing nowhere), so the rest of this binary keeps the machine's store.
+#[tokio::test]
+async fn downloads_work_on_a_host_without_system_ca_certificates() {
+    const INNER: &str = "FLEXNODE_TEST_NO_SYSTEM_CA";
+    if std::env::var_os(INNER).is_none() {
+        let name = "downloads_work_on_a_host_without_system_ca_certificates";
+        let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args(["--exact", name, "--test-threads=1"])
+            .env(INNER, "1")
+            .env("SSL_CERT_FILE", "/nonexistent/ca-certificates.crt")
+            .env("SSL_CERT_DIR", "/nonexistent")
+            .output()
+            .expect("run the child");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
+    let archive = agent_archive(b"candidate with no system trust");
+    let plain = archive_server(archive.clone()).await;
+    let fx = joined().await;
+    stage(&fx, &plain.url("/a.tgz"), &sha(&archive))
+        .await
+        .expect("http works with no system CA certificates");
+
+    let tls = TlsArtifactServer::start(&archive);
+    let fx = fetching_with(joined().await, Some(tls.ca("ca.pem")));
+    stage(&fx, &tls.url("/a.tgz"), &sha(&archive))
+        .await
+        .expect("https through trustedCAFile");
+    let fx = fetching_with(joined().await, None);
+    let m = failed(stage(&fx, &tls.url("/a.tgz"), &sha(&archive)).await);
+    assert!(m.contains("not signed by a CA this node trusts"), "{m}");
+}

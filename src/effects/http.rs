@@ -119,6 +119,41 @@ pub fn client(
     max_redirects: usize,
 ) -> EffectResult<reqwest::Client> {
     ensure_crypto_provider();
+    let pem = trust.extra_ca_pem()?;
+    let mut builder = base_builder(connect, read, max_redirects);
+    if let Some(pem) = &pem {
+        let certs = reqwest::Certificate::from_pem_bundle(pem).map_err(|_| no_pem(trust))?;
+        builder = builder.tls_certs_merge(certs);
+    }
+    let platform_error = match builder.build() {
+        Ok(client) => return Ok(client),
+        Err(e) => describe(&e),
+    };
+    // The platform verifier refuses to start on a host with no CA certificates at all (a
+    // minimal OS image): downloads over http must still work, and https then trusts only
+    // trustedCAFile.
+    let mut roots = rustls::RootCertStore::empty();
+    if let Some(pem) = &pem {
+        use rustls::pki_types::{CertificateDer, pem::PemObject};
+        for cert in CertificateDer::pem_slice_iter(pem) {
+            roots.add(cert.map_err(|_| no_pem(trust))?).map_err(|_| no_pem(trust))?;
+        }
+    }
+    tracing::warn!(
+        system_trust = %platform_error,
+        "the system trust store is unusable; https trusts only trustedCAFile ({} certificates)",
+        roots.len()
+    );
+    let tls = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    base_builder(connect, read, max_redirects)
+        .tls_backend_preconfigured(tls)
+        .build()
+        .map_err(|e| EffectError::Failed(format!("HTTP client: {}", describe(&e))))
+}
+
+fn base_builder(connect: Duration, read: Duration, max_redirects: usize) -> reqwest::ClientBuilder {
     let policy = reqwest::redirect::Policy::custom(move |attempt| {
         let Some(from) = attempt.previous().last().cloned() else {
             return attempt.follow();
@@ -130,27 +165,22 @@ pub fn client(
             Err(refusal) => attempt.error(refusal),
         }
     });
-    let mut builder = reqwest::Client::builder()
+    reqwest::Client::builder()
         .redirect(policy)
         .connect_timeout(connect)
         .read_timeout(read)
-        .user_agent(format!("flexnode/{}", crate::VERSION));
-    if let Some(pem) = trust.extra_ca_pem()? {
-        let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|_| {
-            EffectError::Failed(format!(
-                "trusted CA file {} holds no PEM certificate",
-                trust
-                    .extra_ca_file
-                    .as_deref()
-                    .unwrap_or(Path::new("?"))
-                    .display()
-            ))
-        })?;
-        builder = builder.tls_certs_merge(certs);
-    }
-    builder
-        .build()
-        .map_err(|e| EffectError::Failed(format!("HTTP client: {}", describe(&e))))
+        .user_agent(format!("flexnode/{}", crate::VERSION))
+}
+
+fn no_pem(trust: &Trust) -> EffectError {
+    EffectError::Failed(format!(
+        "trusted CA file {} holds no PEM certificate",
+        trust
+            .extra_ca_file
+            .as_deref()
+            .unwrap_or(Path::new("?"))
+            .display()
+    ))
 }
 
 /// A transport error as a fixed description: the kind of TLS, connect, timeout or redirect

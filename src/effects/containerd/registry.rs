@@ -218,20 +218,22 @@ impl Registry {
             |what: String| EffectError::Failed(format!("registry {}: {what}", rr.display()));
         let extra = self.config.trust.extra_ca_pem()?;
         let plain = rr.plain_http_allowed() && !self.speaks_tls().await.map_err(failed)?;
-        let client_config = ClientConfig {
+        let certs = extra
+            .map(|data| {
+                vec![Certificate {
+                    encoding: CertificateEncoding::Pem,
+                    data,
+                }]
+            })
+            .unwrap_or_default();
+        let config = |system_store: bool| ClientConfig {
             protocol: if plain {
                 ClientProtocol::HttpsExcept(vec![rr.registry.clone()])
             } else {
                 ClientProtocol::Https
             },
-            extra_root_certificates: extra
-                .map(|data| {
-                    vec![Certificate {
-                        encoding: CertificateEncoding::Pem,
-                        data,
-                    }]
-                })
-                .unwrap_or_default(),
+            extra_root_certificates: if system_store { certs.clone() } else { vec![] },
+            tls_certs_only: if system_store { vec![] } else { certs.clone() },
             read_timeout: Some(self.timeout),
             connect_timeout: Some(self.timeout),
             // reqwest still honours HTTP(S)_PROXY/NO_PROXY from the environment, as containerd
@@ -242,8 +244,20 @@ impl Registry {
             user_agent: "flexnode",
             ..Default::default()
         };
-        let client = Client::try_from(client_config)
-            .map_err(|e| failed(format!("cannot set up the client: {}", oci_error(&e))))?;
+        // The system store is unusable on a host with no CA certificates at all; then only
+        // trustedCAFile is trusted (effects/http.rs does the same for archives).
+        let client = match Client::try_from(config(true)) {
+            Ok(client) => client,
+            Err(_) if !certs.is_empty() => Client::try_from(config(false))
+                .map_err(|e| failed(format!("cannot set up the client: {}", oci_error(&e))))?,
+            Err(e) => {
+                return Err(failed(format!(
+                    "cannot set up the client: {} (this host has no usable CA certificates; \
+                     install them or set trustedCAFile)",
+                    oci_error(&e)
+                )));
+            }
+        };
         let auth = credentials(self.config.credentials.as_deref(), &rr.registry)?;
         client
             .auth(&reference(&rr.pinned())?, &auth, RegistryOperation::Pull)
