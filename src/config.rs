@@ -2,7 +2,8 @@
 //! Schema and the list of impossible settings: docs/config.md. An impossible setting is a
 //! `ConfigError` naming it; the CLI exits 78 for those, and the bootstrap unit never retries.
 
-use crate::machine::agent::InstallMode;
+use crate::machine::agent::{ImageRef, InstallMode, Sha256Hex};
+use crate::machine::validate::{InvalidParameter, parse_oci_url};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -37,6 +38,26 @@ pub struct ConfigFile {
     pub trusted_ca_file: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registry_credentials_file: Option<PathBuf>,
+    /// The container install's image: `oci://REGISTRY/REPOSITORY[:TAG]`, pinned by
+    /// `agentImageDigest` (as an AgentUpgrade names one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_image_digest: Option<String>,
+}
+
+/// The container install's image, pinned by digest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentImage {
+    pub image: ImageRef,
+    pub digest: Sha256Hex,
+}
+
+impl AgentImage {
+    /// `registry/repository@sha256:…`, what a pull by digest and `ctr` take.
+    pub fn pinned(&self) -> String {
+        self.image.pinned(&self.digest)
+    }
 }
 
 /// A validated configuration: every field usable as is.
@@ -50,6 +71,8 @@ pub struct Config {
     pub trusted_ca_file: Option<PathBuf>,
     /// Registry credentials (Docker `config.json` shape), private to root.
     pub registry_credentials_file: Option<PathBuf>,
+    /// The container install's image; `None` on the host install.
+    pub agent_image: Option<AgentImage>,
 }
 
 /// A setting that cannot work. Never carries file contents (a kubeconfig holds a key).
@@ -112,6 +135,8 @@ impl Config {
                 .registry_credentials_file
                 .as_ref()
                 .map(|_| PathBuf::from(REGISTRY_CREDENTIALS_PATH)),
+            agent_image: self.agent_image.as_ref().map(|a| a.image.to_string()),
+            agent_image_digest: self.agent_image.as_ref().map(|a| a.digest.oci()),
         }
     }
 }
@@ -120,14 +145,14 @@ impl ConfigFile {
     pub fn validate(self, hostname: &str) -> Result<Config, ConfigError> {
         let install_mode = match self.install_mode.as_deref().unwrap_or("host") {
             "host" => InstallMode::Host,
-            "container" => {
-                return Err(bad(
-                    "installMode",
-                    "the container install is not available in this release; use \"host\"",
-                ));
-            }
+            "container" => InstallMode::Container,
             _ => return Err(bad("installMode", "must be \"host\" or \"container\"")),
         };
+        let agent_image = agent_image(
+            install_mode,
+            self.agent_image.as_deref(),
+            self.agent_image_digest.as_deref(),
+        )?;
         let node_name = match self.node_name {
             Some(n) => n,
             None => hostname.trim().to_ascii_lowercase(),
@@ -170,9 +195,58 @@ impl ConfigFile {
             install_mode,
             trusted_ca_file: self.trusted_ca_file,
             registry_credentials_file: self.registry_credentials_file,
+            agent_image,
         })
     }
 }
+
+/// The container install names its image by digest; the host install names none. Messages
+/// are fixed: a reference may carry a token in its query, so none is echoed.
+fn agent_image(
+    mode: InstallMode,
+    image: Option<&str>,
+    digest: Option<&str>,
+) -> Result<Option<AgentImage>, ConfigError> {
+    if mode == InstallMode::Host {
+        return match (image, digest) {
+            (None, None) => Ok(None),
+            (Some(_), _) => Err(bad("agentImage", ONLY_CONTAINER)),
+            (None, Some(_)) => Err(bad("agentImageDigest", ONLY_CONTAINER)),
+        };
+    }
+    let image = image.ok_or_else(|| {
+        bad(
+            "agentImage",
+            "is required for the container install: oci://REGISTRY/REPOSITORY[:TAG]",
+        )
+    })?;
+    let image = parse_oci_url(image.trim()).map_err(|e| {
+        bad(
+            "agentImage",
+            match e {
+                InvalidParameter::DigestInImageReference => {
+                    "must not embed a digest; put it in agentImageDigest"
+                }
+                _ => "is not an oci://REGISTRY/REPOSITORY[:TAG] reference",
+            },
+        )
+    })?;
+    let digest = digest.ok_or_else(|| {
+        bad(
+            "agentImageDigest",
+            "is required for the container install: the image's sha256:<64 hex> digest",
+        )
+    })?;
+    let digest = Sha256Hex::parse(digest).ok_or_else(|| {
+        bad(
+            "agentImageDigest",
+            "must be sha256:<64 hexadecimal characters>",
+        )
+    })?;
+    Ok(Some(AgentImage { image, digest }))
+}
+
+const ONLY_CONTAINER: &str = "only the container install runs an agent image";
 
 /// The credential must be a private, readable kubeconfig naming a server and a user.
 fn check_kubeconfig(path: &Path) -> Result<(), ConfigError> {
@@ -357,6 +431,76 @@ mod tests {
         assert_eq!(r.kubeconfig.as_deref(), Some(Path::new(KUBECONFIG_PATH)));
     }
 
+    /// The container install names its image by digest, the host install none; no message
+    /// repeats the reference (it may carry a token).
+    #[test]
+    fn the_container_install_names_its_image_by_digest() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let kc = kubeconfig(dir.path(), 0o600);
+        let base = format!("kubeconfig: {}\nkubernetesVersion: v1.34.1\n", kc.display());
+        let hex = "ab".repeat(32);
+        let c = Config::parse(
+            &format!(
+                "{base}installMode: container\nagentImage: oci://127.0.0.1:5000/flexnode:v1\n\
+                 agentImageDigest: sha256:{hex}\n"
+            ),
+            "h",
+        )
+        .expect("valid");
+        assert_eq!(c.install_mode, InstallMode::Container);
+        let image = c.agent_image.as_ref().expect("image");
+        assert_eq!(
+            image.pinned(),
+            format!("127.0.0.1:5000/flexnode@sha256:{hex}")
+        );
+        let r = c.rendered();
+        assert_eq!(
+            r.agent_image.as_deref(),
+            Some("oci://127.0.0.1:5000/flexnode:v1")
+        );
+        assert_eq!(r.agent_image_digest, Some(format!("sha256:{hex}")));
+        let refused = |extra: &str| {
+            let e = Config::parse(&format!("{base}{extra}"), "h").expect_err("refused");
+            assert!(!e.to_string().contains("SECRET"), "{e}");
+            e.setting
+        };
+        let secret = "oci://r.example/a?token=SECRET";
+        for (extra, setting) in [
+            (
+                format!("installMode: container\nagentImageDigest: {hex}\n"),
+                "agentImage",
+            ),
+            (
+                format!("installMode: container\nagentImage: {secret}\nagentImageDigest: {hex}\n"),
+                "agentImage",
+            ),
+            (
+                format!(
+                    "installMode: container\nagentImage: oci://r.example/a@sha256:{hex}\n\
+                     agentImageDigest: {hex}\n"
+                ),
+                "agentImage",
+            ),
+            (
+                "installMode: container\nagentImage: https://r.example/a.tar.gz\n".to_string(),
+                "agentImage",
+            ),
+            (
+                "installMode: container\nagentImage: oci://r.example/a\n".to_string(),
+                "agentImageDigest",
+            ),
+            (
+                "installMode: container\nagentImage: oci://r.example/a\nagentImageDigest: SECRET\n"
+                    .to_string(),
+                "agentImageDigest",
+            ),
+            ("agentImage: oci://r.example/a\n".to_string(), "agentImage"),
+            (format!("agentImageDigest: {hex}\n"), "agentImageDigest"),
+        ] {
+            assert_eq!(refused(&extra), setting, "{extra}");
+        }
+    }
+
     #[test]
     fn impossible_settings_are_named() {
         let dir = tempfile::tempdir().expect("tmp");
@@ -377,7 +521,7 @@ mod tests {
             setting(&format!(
                 "kubeconfig: {k}\nkubernetesVersion: v1.34.1\ninstallMode: container\n"
             )),
-            "installMode"
+            "agentImage"
         );
         assert_eq!(
             setting(&format!(

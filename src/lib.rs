@@ -15,6 +15,7 @@ pub mod cli;
 pub mod config;
 pub mod effects;
 pub mod exec;
+pub mod ignition;
 pub mod machine;
 pub mod reconcile;
 pub mod report;

@@ -107,9 +107,28 @@ fn join_exits_78_naming_an_impossible_setting_and_never_leaks_the_credential() {
         "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\nusers:\n- name: u\n  user:\n    token: TOPSECRET\ncontexts:\n- name: x\n  context: {cluster: c, user: u}\ncurrent-context: x\n",
     )
     .expect("write");
+    let private_kc = dir.path().join("private.kubeconfig");
+    std::fs::copy(&kc, &private_kc).expect("copy");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&private_kc, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let private_kc = private_kc.display().to_string();
     let kc = kc.display().to_string();
     let state = dir.path().join("state.db").display().to_string();
+    let image = format!(
+        "installMode: container\nagentImage: oci://127.0.0.1:5000/flexnode\nagentImageDigest: {}\n",
+        "ab".repeat(32)
+    );
     let cases = [
+        (
+            format!("kubeconfig: {kc}\nkubernetesVersion: v1.34.12\ninstallMode: container\n"),
+            "agentImage",
+        ),
+        // A valid container-install config: its join is not available yet (flexnode ignition
+        // renders its first boot).
+        (
+            format!("kubeconfig: {private_kc}\nkubernetesVersion: v1.34.12\n{image}"),
+            "installMode",
+        ),
         (
             format!("nodeName: Bad_Name\nkubeconfig: {kc}\nkubernetesVersion: v1.34.12\n"),
             "nodeName",

@@ -169,7 +169,8 @@ fn the_layers_keep_their_rules() {
         (
             "src/cli/mod.rs",
             &[
-                "command", "daemon", "join", "op", "recover", "reset", "status", "wiring",
+                "command", "daemon", "ignition", "join", "op", "recover", "reset", "status",
+                "wiring",
             ][..],
         ),
         (

@@ -2,8 +2,9 @@
 //! systemd of Debian 12 (the target). Each mode's units are verified together in a throwaway root
 //! (`--root`): the units in its `/etc/systemd/system`, the host's stock units (targets such as
 //! `network-online.target`) in its `/usr/lib/systemd/system`, and the agent's own binaries
-//! (`/opt/flexnode/...`, not installed here) as empty executable stubs. Nothing else is stubbed:
-//! a missing system binary, an unknown key or a bad value is a finding. `verify` accepts references
+//! (`/opt/flexnode/...`, not installed here) as empty executable stubs; system binaries the
+//! units run (`/usr/bin/ctr`) are this host's, copied in. Nothing else is stubbed: a missing
+//! system binary, an unknown key or a bad value is a finding. `verify` accepts references
 //! to units that do not exist, so references to `flexnode-*` units are checked here: each must
 //! name a unit of the same mode.
 
@@ -141,6 +142,16 @@ fn verify(analyze: &Path, dir: &Path) -> Vec<String> {
                 use std::os::unix::fs::PermissionsExt;
                 std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755))
                     .expect("chmod stub");
+            } else if let Some(rel) = exe.strip_prefix('/')
+                && Path::new(&exe).is_file()
+            {
+                // A system binary (the container install's `ctr`): this host's own copy, so
+                // one that is missing here stays a finding.
+                let copy = r.join(rel);
+                std::fs::create_dir_all(copy.parent().expect("parent")).expect("mkdir");
+                if !copy.exists() {
+                    std::fs::copy(&exe, &copy).expect("copy system binary");
+                }
             }
         }
         names.push(name);

@@ -1,6 +1,6 @@
 //! The command line: each command, and the module that runs it (`cli/<command>.rs`).
 
-use super::{Output, daemon, join, op, recover, reset, status};
+use super::{Output, daemon, ignition, join, op, recover, reset, status};
 use crate::store;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -29,6 +29,16 @@ pub enum Command {
         /// YAML or JSON; see docs/config.md.
         #[arg(long, value_name = "FILE")]
         config: PathBuf,
+    },
+    /// Render a container install's first boot (Butane and Ignition, 0600) from a join config.
+    Ignition {
+        /// The join config (installMode: container, agentImage, agentImageDigest); see
+        /// docs/container-install.md.
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+        /// Where config.bu and config.ign are written (created 0700).
+        #[arg(long, value_name = "DIR", default_value = ".")]
+        out: PathBuf,
     },
     /// Remove this node's machines, runtime files, units and links, and stop the agent.
     Reset {
@@ -67,7 +77,11 @@ impl Command {
         match self {
             Self::Daemon(_) | Self::Join { .. } | Self::Reset { .. } => true,
             Self::RecoverAgentUpgrade { .. } => true,
-            Self::Status { .. } | Self::History { .. } | Self::Op(_) | Self::Version => false,
+            Self::Status { .. }
+            | Self::History { .. }
+            | Self::Op(_)
+            | Self::Ignition { .. }
+            | Self::Version => false,
         }
     }
 }
@@ -82,6 +96,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::History { limit, output } => status::history(&cli.state, limit, output),
         Command::Daemon(args) => daemon::run(&cli.state, args),
         Command::Join { config } => join::run(&cli.state, &config),
+        Command::Ignition { config, out } => ignition::run(&config, &out),
         Command::Reset { yes } => reset::run(&cli.state, yes),
         Command::RecoverAgentUpgrade { message } => recover::run(&cli.state, &message),
         Command::Op(args) => op::command::run(args),

@@ -38,6 +38,13 @@ pub fn run(state: &Path, config: &Path) -> ExitCode {
 
 async fn join(state: &Path, path: &Path) -> Result<(), Failure> {
     let config = Config::load(path, &wiring::hostname()).map_err(impossible)?;
+    if config.install_mode == InstallMode::Container {
+        // `flexnode ignition` renders a container install's first boot; its join is not built yet.
+        return Err(impossible(setting(
+            "installMode",
+            "joining a container install is not available in this release; use \"host\"",
+        )));
+    }
     wiring::require_root("join")?;
     preflight()?;
     let client = client_from_kubeconfig(&config.kubeconfig)

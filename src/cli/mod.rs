@@ -5,6 +5,7 @@
 
 pub mod command;
 pub mod daemon;
+pub mod ignition;
 pub mod join;
 pub mod op;
 pub mod recover;

@@ -99,7 +99,7 @@ pub fn validate_upgrade(
             sha256: digest,
         }),
         (InstallMode::Container, true) => Ok(UpgradeTarget::Image {
-            image: parse_image_ref(&url[6..])?,
+            image: parse_oci_url(url)?,
             digest,
         }),
         (InstallMode::Container, false) => Err(InvalidParameter::ArchiveUrlOnContainerInstall),
@@ -121,6 +121,14 @@ fn parse_archive_url(raw: &str) -> Result<ArchiveUrl, InvalidParameter> {
         return Err(InvalidParameter::MissingHost);
     }
     Ok(ArchiveUrl::validated(parsed.to_string()))
+}
+
+/// `oci://registry[:port]/path[:tag]`, as AgentUpgrade and the config (`agentImage`) name images.
+pub fn parse_oci_url(url: &str) -> Result<ImageRef, InvalidParameter> {
+    match url.get(..6) {
+        Some(scheme) if scheme.eq_ignore_ascii_case("oci://") => parse_image_ref(&url[6..]),
+        _ => Err(InvalidParameter::InvalidImageReference),
+    }
 }
 
 /// Parses `registry[:port]/path[:tag]` following the distribution reference grammar, and

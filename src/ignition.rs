@@ -1,0 +1,293 @@
+//! A container install's first boot (`flexnode ignition`): what Ignition writes on the host
+//! before anything of the agent runs, as a Butane config and the Ignition JSON it stands for.
+//!
+//! Nothing of the agent goes under `/usr`, `/opt` or `/usr/local`: the settings naming the
+//! install's image by digest, the bootstrap inputs (the join config and the files it names,
+//! removed after a successful bootstrap) and the bootstrap unit, which runs `flexnode join` in
+//! a container of that image. Every file is 0600 (they hold credentials or name them).
+
+use crate::config::{AgentImage, Config, ConfigFile};
+use crate::machine::agent::InstallMode;
+use crate::units;
+use base64::Engine;
+use serde::Serialize;
+use serde_saphyr::LitString;
+use std::path::PathBuf;
+
+/// The bootstrap inputs; `join` removes the directory once the node is joined.
+pub const BOOTSTRAP_DIR: &str = "/etc/flexnode/bootstrap";
+/// The install settings the bootstrap unit reads (`EnvironmentFile=`).
+pub const INSTALL_ENV: &str = "/etc/flexnode/install.env";
+pub const INSTALL_IMAGE_VAR: &str = "FLEXNODE_INSTALL_IMAGE";
+pub const BOOTSTRAP_UNIT: &str = "flexnode-bootstrap.service";
+
+/// Flatcar is what Azure Container Linux is built on; its Butane 1.1.0 gives Ignition 3.4.0.
+const BUTANE_VARIANT: &str = "flatcar";
+const BUTANE_VERSION: &str = "1.1.0";
+const IGNITION_VERSION: &str = "3.4.0";
+
+const PRIVATE_DIR: u32 = 0o700;
+const PRIVATE_FILE: u32 = 0o600;
+
+/// The contents of the files the join config names (read by the caller).
+pub struct Inputs {
+    pub kubeconfig: String,
+    pub trusted_ca: Option<String>,
+    pub registry_credentials: Option<String>,
+}
+
+/// What Ignition writes: directories, files and units, in this order.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Provisioning {
+    pub directories: Vec<(String, u32)>,
+    pub files: Vec<File>,
+    /// (name, contents); every one enabled.
+    pub units: Vec<(String, String)>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct File {
+    pub path: String,
+    pub mode: u32,
+    pub contents: String,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum IgnitionError {
+    #[error(
+        "installMode: `flexnode ignition` renders the container install; set installMode: container"
+    )]
+    NotContainer,
+    #[error("render: {0}")]
+    Render(String),
+}
+
+/// The provisioning for `config` (a validated container-install config) with the contents
+/// of the files it names.
+pub fn provisioning(config: &Config, inputs: Inputs) -> Result<Provisioning, IgnitionError> {
+    let image = match (&config.install_mode, &config.agent_image) {
+        (InstallMode::Container, Some(image)) => image,
+        _ => return Err(IgnitionError::NotContainer),
+    };
+    let at = |name: &str| format!("{BOOTSTRAP_DIR}/{name}");
+    let mut files = vec![File {
+        path: INSTALL_ENV.into(),
+        mode: PRIVATE_FILE,
+        contents: install_env(image),
+    }];
+    let mut bootstrap = ConfigFile {
+        kubeconfig: Some(PathBuf::from(at("kubeconfig"))),
+        ..config.rendered()
+    };
+    files.push(private(at("kubeconfig"), inputs.kubeconfig));
+    bootstrap.trusted_ca_file = inputs.trusted_ca.map(|ca| {
+        files.push(private(at("trusted-ca.pem"), ca));
+        PathBuf::from(at("trusted-ca.pem"))
+    });
+    bootstrap.registry_credentials_file = inputs.registry_credentials.map(|c| {
+        files.push(private(at("registry-credentials.json"), c));
+        PathBuf::from(at("registry-credentials.json"))
+    });
+    let rendered =
+        serde_saphyr::to_string(&bootstrap).map_err(|e| IgnitionError::Render(e.to_string()))?;
+    files.push(private(at("config.yaml"), rendered));
+    let unit = units::for_mode(InstallMode::Container)
+        .iter()
+        .find(|(name, _)| *name == BOOTSTRAP_UNIT)
+        .map(|(name, text)| (name.to_string(), text.to_string()))
+        .ok_or_else(|| IgnitionError::Render(format!("no {BOOTSTRAP_UNIT}")))?;
+    Ok(Provisioning {
+        directories: vec![
+            ("/etc/flexnode".into(), PRIVATE_DIR),
+            (BOOTSTRAP_DIR.into(), PRIVATE_DIR),
+            ("/var/lib/flexnode".into(), PRIVATE_DIR),
+        ],
+        files,
+        units: vec![unit],
+    })
+}
+
+fn private(path: String, contents: String) -> File {
+    File {
+        path,
+        mode: PRIVATE_FILE,
+        contents,
+    }
+}
+
+fn install_env(image: &AgentImage) -> String {
+    format!(
+        "# The container install's image, by digest (written by `flexnode ignition`).\n\
+         {INSTALL_IMAGE_VAR}={}\n",
+        image.pinned()
+    )
+}
+
+impl Provisioning {
+    /// The Ignition config (spec 3.4.0): file contents as base64 `data:` URLs.
+    pub fn ignition(&self) -> Result<String, IgnitionError> {
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let doc = IgnitionDoc {
+            ignition: IgnitionVersion {
+                version: IGNITION_VERSION,
+            },
+            storage: Storage {
+                directories: self.directories(),
+                files: self
+                    .files
+                    .iter()
+                    .map(|f| IgnitionFile {
+                        path: &f.path,
+                        mode: f.mode,
+                        overwrite: true,
+                        contents: Source {
+                            source: format!("data:;base64,{}", b64.encode(&f.contents)),
+                        },
+                    })
+                    .collect(),
+            },
+            systemd: Systemd {
+                units: self
+                    .units
+                    .iter()
+                    .map(|(name, contents)| Unit {
+                        name,
+                        enabled: true,
+                        contents: contents.clone(),
+                    })
+                    .collect(),
+            },
+        };
+        serde_json::to_string_pretty(&doc).map_err(|e| IgnitionError::Render(e.to_string()))
+    }
+
+    /// The Butane config (variant flatcar 1.1.0) that `butane` translates to the same Ignition.
+    pub fn butane(&self) -> Result<String, IgnitionError> {
+        let doc = ButaneDoc {
+            variant: BUTANE_VARIANT,
+            version: BUTANE_VERSION,
+            storage: ButaneStorage {
+                directories: self.directories(),
+                files: self
+                    .files
+                    .iter()
+                    .map(|f| ButaneFile {
+                        path: &f.path,
+                        mode: f.mode,
+                        overwrite: true,
+                        contents: Inline {
+                            inline: LitString(f.contents.clone()),
+                        },
+                    })
+                    .collect(),
+            },
+            systemd: ButaneSystemd {
+                units: self
+                    .units
+                    .iter()
+                    .map(|(name, contents)| ButaneUnit {
+                        name,
+                        enabled: true,
+                        contents: LitString(contents.clone()),
+                    })
+                    .collect(),
+            },
+        };
+        serde_saphyr::to_string(&doc).map_err(|e| IgnitionError::Render(e.to_string()))
+    }
+
+    fn directories(&self) -> Vec<Directory<'_>> {
+        self.directories
+            .iter()
+            .map(|(path, mode)| Directory { path, mode: *mode })
+            .collect()
+    }
+}
+
+#[derive(Serialize)]
+struct IgnitionDoc<'a> {
+    ignition: IgnitionVersion,
+    storage: Storage<'a>,
+    systemd: Systemd<'a>,
+}
+
+#[derive(Serialize)]
+struct IgnitionVersion {
+    version: &'static str,
+}
+
+#[derive(Serialize)]
+struct Storage<'a> {
+    directories: Vec<Directory<'a>>,
+    files: Vec<IgnitionFile<'a>>,
+}
+
+#[derive(Serialize)]
+struct Directory<'a> {
+    path: &'a str,
+    mode: u32,
+}
+
+#[derive(Serialize)]
+struct IgnitionFile<'a> {
+    path: &'a str,
+    mode: u32,
+    overwrite: bool,
+    contents: Source,
+}
+
+#[derive(Serialize)]
+struct Source {
+    source: String,
+}
+
+#[derive(Serialize)]
+struct Systemd<'a> {
+    units: Vec<Unit<'a>>,
+}
+
+#[derive(Serialize)]
+struct Unit<'a> {
+    name: &'a str,
+    enabled: bool,
+    contents: String,
+}
+
+#[derive(Serialize)]
+struct ButaneDoc<'a> {
+    variant: &'static str,
+    version: &'static str,
+    storage: ButaneStorage<'a>,
+    systemd: ButaneSystemd<'a>,
+}
+
+#[derive(Serialize)]
+struct ButaneStorage<'a> {
+    directories: Vec<Directory<'a>>,
+    files: Vec<ButaneFile<'a>>,
+}
+
+#[derive(Serialize)]
+struct ButaneFile<'a> {
+    path: &'a str,
+    mode: u32,
+    overwrite: bool,
+    contents: Inline,
+}
+
+#[derive(Serialize)]
+struct Inline {
+    inline: LitString,
+}
+
+#[derive(Serialize)]
+struct ButaneSystemd<'a> {
+    units: Vec<ButaneUnit<'a>>,
+}
+
+#[derive(Serialize)]
+struct ButaneUnit<'a> {
+    name: &'a str,
+    enabled: bool,
+    contents: LitString,
+}

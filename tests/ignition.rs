@@ -1,0 +1,292 @@
+//! `flexnode ignition` against the upstream validator: the rendered Ignition passes
+//! `ignition-validate` (built from `github.com/coreos/ignition/v2`, pinned in
+//! `e2e/ignition/go.mod`, by `e2e/ignition/build`) with no warning; the Butane says the same
+//! as the Ignition; every file is 0600 and outside `/usr`, `/opt` and `/usr/local`; the inputs
+//! arrive unchanged; no secret is in a unit or the install settings.
+
+use base64::Engine;
+use serde_json::Value;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const HEX: &str = "3c4d5e6f3c4d5e6f3c4d5e6f3c4d5e6f3c4d5e6f3c4d5e6f3c4d5e6f3c4d5e6f";
+const TOKEN: &str = "SECRET-CLIENT-KEY-DATA";
+const PASSWORD: &str = "SECRET-REGISTRY-PASSWORD";
+
+fn validator() -> PathBuf {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e/ignition/build");
+    let out = Command::new(&script)
+        .output()
+        .expect("run e2e/ignition/build");
+    assert!(
+        out.status.success(),
+        "e2e/ignition/build failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+fn private(path: &Path, text: &str) -> PathBuf {
+    std::fs::write(path, text).expect("write");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    path.to_path_buf()
+}
+
+fn inputs(dir: &Path) -> (PathBuf, String, String, String) {
+    let kubeconfig = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://10.0.2.100:6443\n\
+         users:\n- name: u\n  user:\n    token: {TOKEN}\ncontexts:\n- name: x\n  context:\n    cluster: c\n    \
+         user: u\ncurrent-context: x\n"
+    );
+    let ca = std::fs::read_to_string("/etc/ssl/certs/ca-certificates.crt")
+        .expect("a PEM bundle to stand for the CA");
+    let auth = base64::engine::general_purpose::STANDARD.encode(format!("puller:{PASSWORD}"));
+    let creds = format!(r#"{{"auths": {{"127.0.0.1:5000": {{"auth": "{auth}"}}}}}}"#);
+    let kc = private(&dir.join("node.kubeconfig"), &kubeconfig);
+    let ca_file = dir.join("ca.pem");
+    std::fs::write(&ca_file, &ca).expect("ca");
+    let cr = private(&dir.join("registry.json"), &creds);
+    let config = format!(
+        "nodeName: edge-1\nkubeconfig: {}\nkubernetesVersion: v1.34.12\ninstallMode: container\n\
+         agentImage: oci://127.0.0.1:5000/flexnode:0.1.0\nagentImageDigest: sha256:{HEX}\n\
+         trustedCAFile: {}\nregistryCredentialsFile: {}\n",
+        kc.display(),
+        ca_file.display(),
+        cr.display()
+    );
+    (
+        private(&dir.join("join.yaml"), &config),
+        kubeconfig,
+        ca,
+        creds,
+    )
+}
+
+fn flexnode(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_flexnode"))
+        .args(args)
+        .env("FLEXNODE_STATE", "/nonexistent/state.db")
+        .output()
+        .expect("run flexnode")
+}
+
+fn mode(p: &Path) -> u32 {
+    std::fs::metadata(p).expect("stat").permissions().mode() & 0o7777
+}
+
+fn decode(source: &str) -> String {
+    let b64 = source
+        .strip_prefix("data:;base64,")
+        .unwrap_or_else(|| panic!("not a base64 data URL: {source}"));
+    String::from_utf8(
+        base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .expect("base64"),
+    )
+    .expect("utf-8")
+}
+
+fn validate(validator: &Path, file: &Path) -> (bool, String) {
+    let out = Command::new(validator)
+        .arg(file)
+        .output()
+        .expect("ignition-validate");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[test]
+fn the_rendered_first_boot_is_valid_ignition_and_carries_the_inputs() {
+    let validator = validator();
+    let dir = tempfile::tempdir().expect("tmp");
+    let (config, kubeconfig, ca, creds) = inputs(dir.path());
+    let out = dir.path().join("out");
+    let r = flexnode(&[
+        "ignition",
+        "--config",
+        config.to_str().expect("path"),
+        "--out",
+        out.to_str().expect("path"),
+    ]);
+    let stdout = String::from_utf8_lossy(&r.stdout);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert!(!stdout.contains("SECRET"), "{stdout}");
+    let (ign_path, bu_path) = (out.join("config.ign"), out.join("config.bu"));
+    assert_eq!(mode(&out), 0o700);
+    assert_eq!((mode(&ign_path), mode(&bu_path)), (0o600, 0o600));
+
+    let (ok, findings) = validate(&validator, &ign_path);
+    assert!(
+        ok && findings.trim().is_empty(),
+        "ignition-validate: {findings}"
+    );
+
+    let ign: Value =
+        serde_json::from_str(&std::fs::read_to_string(&ign_path).expect("read")).expect("json");
+    assert_eq!(ign["ignition"]["version"], "3.4.0");
+    let files: Vec<(String, u64, String)> = ign["storage"]["files"]
+        .as_array()
+        .expect("files")
+        .iter()
+        .map(|f| {
+            (
+                f["path"].as_str().expect("path").to_string(),
+                f["mode"].as_u64().expect("mode"),
+                decode(f["contents"]["source"].as_str().expect("source")),
+            )
+        })
+        .collect();
+    let file = |p: &str| -> &str {
+        &files
+            .iter()
+            .find(|(path, _, _)| path == p)
+            .unwrap_or_else(|| panic!("no {p} in {files:?}"))
+            .2
+    };
+    for (path, mode, _) in &files {
+        assert_eq!(*mode, 0o600, "{path}");
+        for banned in ["/usr/", "/opt/"] {
+            assert!(!path.starts_with(banned), "{path} is under {banned}");
+        }
+        assert!(path.starts_with("/etc/flexnode/"), "{path}");
+    }
+    assert_eq!(file("/etc/flexnode/bootstrap/kubeconfig"), kubeconfig);
+    assert_eq!(file("/etc/flexnode/bootstrap/trusted-ca.pem"), ca);
+    assert_eq!(
+        file("/etc/flexnode/bootstrap/registry-credentials.json"),
+        creds
+    );
+    let pinned = format!("127.0.0.1:5000/flexnode@sha256:{HEX}");
+    let env = file("/etc/flexnode/install.env");
+    assert!(
+        env.lines()
+            .any(|l| l == format!("FLEXNODE_INSTALL_IMAGE={pinned}")),
+        "{env}"
+    );
+    // The join config points at the bootstrap copies and names the image by digest; it is a
+    // config `join` accepts (its files are not there on this machine, so it stops at them).
+    let bootstrap = file("/etc/flexnode/bootstrap/config.yaml");
+    for line in [
+        "kubeconfig: /etc/flexnode/bootstrap/kubeconfig",
+        "trustedCAFile: /etc/flexnode/bootstrap/trusted-ca.pem",
+        "registryCredentialsFile: /etc/flexnode/bootstrap/registry-credentials.json",
+        "installMode: container",
+        "agentImage: oci://127.0.0.1:5000/flexnode:0.1.0",
+    ] {
+        assert!(
+            bootstrap.lines().any(|l| l == line),
+            "{line} in {bootstrap}"
+        );
+    }
+    let e = flexnode::config::Config::parse(bootstrap, "h").expect_err("files absent here");
+    assert_eq!(e.setting, "kubeconfig", "{e}");
+
+    let units = ign["systemd"]["units"].as_array().expect("units");
+    assert_eq!(units.len(), 1, "{units:?}");
+    assert_eq!(units[0]["name"], "flexnode-bootstrap.service");
+    assert_eq!(units[0]["enabled"], true);
+    let unit = units[0]["contents"].as_str().expect("contents");
+    assert!(
+        unit.contains("EnvironmentFile=/etc/flexnode/install.env"),
+        "{unit}"
+    );
+    assert!(unit.contains("RestartPreventExitStatus=78"), "{unit}");
+    for text in [unit, env] {
+        assert!(!text.contains("SECRET"), "a secret in {text}");
+    }
+    let dirs: Vec<(&str, u64)> = ign["storage"]["directories"]
+        .as_array()
+        .expect("dirs")
+        .iter()
+        .map(|d| {
+            (
+                d["path"].as_str().expect("path"),
+                d["mode"].as_u64().expect("mode"),
+            )
+        })
+        .collect();
+    assert!(
+        dirs.contains(&("/etc/flexnode/bootstrap", 0o700)),
+        "{dirs:?}"
+    );
+
+    // The Butane says the same: the same files, modes, contents and units.
+    let bu: Value = serde_saphyr::from_str(&std::fs::read_to_string(&bu_path).expect("read"))
+        .expect("butane yaml");
+    assert_eq!(bu["variant"], "flatcar");
+    assert_eq!(bu["version"], "1.1.0");
+    let bu_files: Vec<(String, u64, String)> = bu["storage"]["files"]
+        .as_array()
+        .expect("files")
+        .iter()
+        .map(|f| {
+            (
+                f["path"].as_str().expect("path").to_string(),
+                f["mode"].as_u64().expect("mode"),
+                f["contents"]["inline"]
+                    .as_str()
+                    .expect("inline")
+                    .to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(bu_files, files);
+    assert_eq!(bu["systemd"]["units"][0]["contents"], units[0]["contents"]);
+    assert_eq!(bu["storage"]["directories"], ign["storage"]["directories"]);
+}
+
+/// The validator is not a rubber stamp: a mode that is not a number fails it.
+#[test]
+fn the_validator_refuses_a_broken_config() {
+    let validator = validator();
+    let dir = tempfile::tempdir().expect("tmp");
+    let broken = dir.path().join("broken.ign");
+    std::fs::write(
+        &broken,
+        r#"{"ignition":{"version":"3.4.0"},"storage":{"files":[{"path":"relative","mode":"0600"}]}}"#,
+    )
+    .expect("write");
+    let (ok, findings) = validate(&validator, &broken);
+    assert!(!ok, "ignition-validate accepted it: {findings}");
+}
+
+/// A host-install config, or a container one without a digest, is an impossible setting.
+#[test]
+fn only_a_container_install_with_a_digest_renders() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (config, ..) = inputs(dir.path());
+    let text = std::fs::read_to_string(&config).expect("read");
+    for (edit, setting) in [
+        (
+            text.replace("installMode: container\n", "installMode: host\n")
+                .replace(&format!("agentImageDigest: sha256:{HEX}\n"), "")
+                .replace("agentImage: oci://127.0.0.1:5000/flexnode:0.1.0\n", ""),
+            "installMode:",
+        ),
+        (
+            text.replace(&format!("agentImageDigest: sha256:{HEX}\n"), ""),
+            "agentImageDigest:",
+        ),
+    ] {
+        let f = private(&dir.path().join("edit.yaml"), &edit);
+        let out = dir.path().join("never");
+        let r = flexnode(&[
+            "ignition",
+            "--config",
+            f.to_str().expect("path"),
+            "--out",
+            out.to_str().expect("path"),
+        ]);
+        let stderr = String::from_utf8_lossy(&r.stderr);
+        assert_eq!(r.status.code(), Some(78), "{stderr}");
+        assert!(stderr.contains(setting), "{stderr}");
+        assert!(!out.exists(), "nothing is written on a refusal");
+    }
+}
