@@ -136,7 +136,9 @@ pub fn client(
     if let Some(pem) = &pem {
         use rustls::pki_types::{CertificateDer, pem::PemObject};
         for cert in CertificateDer::pem_slice_iter(pem) {
-            roots.add(cert.map_err(|_| no_pem(trust))?).map_err(|_| no_pem(trust))?;
+            roots
+                .add(cert.map_err(|_| no_pem(trust))?)
+                .map_err(|_| no_pem(trust))?;
         }
     }
     tracing::warn!(
