@@ -12,8 +12,6 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use flexnode::effects::containerd::{GrpcContainerd, RegistryConfig};
-use flexnode::effects::http::Trust;
 use flexnode::effects::systemd::DbusSystemd;
 use flexnode::effects::{Containerd, Systemd};
 use flexnode::machine::Timestamp;
@@ -72,16 +70,7 @@ async fn pull_10mb(flavor: Flavor) {
     let secure = tier.secure();
     let digest = tier.image("e2e/big:v1", 10, false);
     let label = format!("containerd {} ({})", tier.version, snapshotter());
-    let agent = GrpcContainerd::connect(&tier.socket, NS)
-        .await
-        .expect("connect")
-        .with_snapshotter(&snapshotter())
-        .with_registry(RegistryConfig {
-            trust: Trust {
-                extra_ca_file: Some(secure.lab_ca.clone()),
-            },
-            credentials: Some(secure.credentials.clone()),
-        });
+    let agent = tier.grpc(secure.registry_config()).await;
     for (what, registry) in [
         ("plain http", &tier.registry),
         ("TLS + token", &secure.token),

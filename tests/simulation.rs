@@ -161,7 +161,7 @@ async fn only_images_the_agent_pulled_are_removed() {
     let mut node = joined(&dir, InstallMode::Container).await;
     node.host.serve_image(IMAGE, v2(false));
     // Pulled, then its check fails: the agent's own image is removed and forgotten.
-    node.host.inject("check_candidate", FaultKind::Fail, 0);
+    node.host.inject("check_image", FaultKind::Fail, 0);
     node.claim("u1", upgrade("oci://registry.example/flexnode:v2", IMAGE))
         .await
         .expect("claim");
@@ -181,7 +181,7 @@ async fn only_images_the_agent_pulled_are_removed() {
         .images
         .insert(IMAGE.to_string(), v2(false));
     node.host.world().foreign_images.insert(IMAGE.to_string());
-    node.host.inject("check_candidate", FaultKind::Fail, 0);
+    node.host.inject("check_image", FaultKind::Fail, 0);
     node.claim("u2", upgrade("oci://registry.example/flexnode:v2", IMAGE))
         .await
         .expect("claim");

@@ -127,6 +127,9 @@ pub trait Containerd: Send + Sync {
         digest: &Sha256Hex,
     ) -> impl Future<Output = EffectResult> + Send;
     fn image_present(&self, digest: &Sha256Hex) -> impl Future<Output = EffectResult<bool>> + Send;
+    /// The candidate's self-check: the pulled image's `flexnode version` in a short-lived
+    /// container, within a time limit; what it printed.
+    fn check_image(&self, digest: &Sha256Hex) -> impl Future<Output = EffectResult<String>> + Send;
     /// Removes an image the agent pulled; others are never touched.
     fn remove_agent_image(&self, digest: &Sha256Hex) -> impl Future<Output = EffectResult> + Send;
 }

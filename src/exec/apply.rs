@@ -108,7 +108,10 @@ where
                         }
                     }
                 }
-                let version = fx.host.check_candidate(candidate).await?;
+                let version = match candidate {
+                    AgentBuild::Slot { .. } => fx.host.check_candidate(candidate).await?,
+                    AgentBuild::Image { digest } => fx.containerd.check_image(digest).await?,
+                };
                 tracing::info!(%candidate, %version, "candidate staged");
                 Ok(())
             }

@@ -222,6 +222,15 @@ impl Containerd for SimHost {
         Ok(w.images.contains_key(digest.as_str()) && !w.foreign_images.contains(digest.as_str()))
     }
 
+    async fn check_image(&self, digest: &Sha256Hex) -> EffectResult<String> {
+        self.read("check_image", digest.short())?;
+        let w = self.world();
+        w.images
+            .get(digest.as_str())
+            .map(|b| format!("flexnode {}", b.version))
+            .ok_or_else(|| EffectError::Failed(format!("image {} is not pulled", digest.oci())))
+    }
+
     async fn remove_agent_image(&self, digest: &Sha256Hex) -> EffectResult {
         self.run("remove_agent_image", digest.short(), |w| {
             // As the real one: someone else's image is refused, never removed.

@@ -42,6 +42,7 @@ pub async fn run_all<F: ContainerdFixture>(implementation: &'static str, fx: &F)
             pull_of_a_reference_pinned_elsewhere_fails,
             remove_agent_image_is_idempotent,
             an_image_pulls_again_after_removal,
+            check_of_an_image_not_pulled_fails,
         ]
     );
 }
@@ -137,4 +138,21 @@ pub async fn an_image_pulls_again_after_removal<F: ContainerdFixture>(fx: &F) {
         .expect("pull after remove");
     assert!(present(c, &digest).await);
     c.remove_agent_image(&digest).await.expect("remove");
+}
+
+/// check_image of a digest that was never pulled (or was removed) fails, and leaves the image
+/// absent.
+pub async fn check_of_an_image_not_pulled_fails<F: ContainerdFixture>(fx: &F) {
+    let c = fx.containerd();
+    failed_message(
+        "check of an image never pulled",
+        c.check_image(&absent_digest("check")).await,
+    );
+    let digest = fx.image("contract-check").await;
+    c.pull(&fx.reference("e2e/contract-check", &digest), &digest)
+        .await
+        .expect("pull");
+    c.remove_agent_image(&digest).await.expect("remove");
+    failed_message("check of a removed image", c.check_image(&digest).await);
+    assert!(!present(c, &digest).await);
 }

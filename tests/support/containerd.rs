@@ -1,6 +1,8 @@
 //! containerd (Debian's 1.6 or 2.x built from pinned modules) with a plain-HTTP registry on
 //! 127.0.0.1 (`e2e/containerd/run`), for the containerd and contract tests.
 
+use flexnode::effects::containerd::{GrpcContainerd, RegistryConfig};
+use flexnode::effects::http::Trust;
 use flexnode::machine::agent::Sha256Hex;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -107,6 +109,15 @@ impl Tier {
         format!("{}/{repo}@{}", self.registry, digest.oci())
     }
 
+    /// The agent's containerd client for this tier, reaching registries as `registry` says.
+    pub async fn grpc(&self, registry: RegistryConfig) -> GrpcContainerd {
+        GrpcContainerd::connect(&self.socket, NS)
+            .await
+            .expect("connect")
+            .with_snapshotter(&snapshotter())
+            .with_registry(registry)
+    }
+
     /// The TLS registries over this tier's storage (`e2e/containerd/run secure`).
     pub fn secure(&self) -> Secure {
         let out = run(&["secure", &self.dir.display().to_string()]);
@@ -145,6 +156,18 @@ pub struct Secure {
     pub credentials: PathBuf,
     pub wrong_credentials: PathBuf,
     pub password: String,
+}
+
+impl Secure {
+    /// Trusting the lab CA, with the right credentials.
+    pub fn registry_config(&self) -> RegistryConfig {
+        RegistryConfig {
+            trust: Trust {
+                extra_ca_file: Some(self.lab_ca.clone()),
+            },
+            credentials: Some(self.credentials.clone()),
+        }
+    }
 }
 
 impl Drop for Tier {

@@ -342,7 +342,7 @@ impl GrpcContainerd {
     }
 
     /// Waits until the task's first process has exited; its exit status.
-    async fn wait_task(&self, id: &str) -> EffectResult<u32> {
+    pub(super) async fn wait_task(&self, id: &str) -> EffectResult<u32> {
         self.tasks()
             .wait(self.req(
                 WaitRequest {

@@ -45,6 +45,10 @@ impl Containerd for LazyContainerd {
         self.client().await?.image_present(digest).await
     }
 
+    async fn check_image(&self, digest: &Sha256Hex) -> EffectResult<String> {
+        self.client().await?.check_image(digest).await
+    }
+
     async fn remove_agent_image(&self, digest: &Sha256Hex) -> EffectResult {
         self.client().await?.remove_agent_image(digest).await
     }

@@ -24,6 +24,7 @@
 //! Containers (`container.rs`, `spec.rs`): created, started, stopped and deleted as
 //! inherent methods, only ever the ones labelled [`MANAGED_LABEL`].
 
+mod check;
 mod container;
 mod content;
 mod lazy;
@@ -34,6 +35,7 @@ pub mod registry;
 mod spec;
 mod unpack;
 
+pub use check::{AGENT_BINARY, DEFAULT_CHECK_DIR, DEFAULT_CHECK_TIMEOUT};
 pub use container::{StopOutcome, TaskIo, TaskState};
 pub use lazy::LazyContainerd;
 pub use progress::{PROGRESS_EVERY, ProgressFn, PullProgress};
@@ -50,7 +52,7 @@ use containerd_client::services::v1::{
 use containerd_client::tonic::{Code, Request, Status, transport::Channel};
 use progress::{ProgressSink, log_progress};
 use sha2::{Digest as _, Sha256};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -93,6 +95,9 @@ pub struct GrpcContainerd {
     progress: ProgressSink,
     /// How registries are reached (trust, credentials).
     registry: RegistryConfig,
+    /// The candidate check's output directory and time limit ([`Self::with_check`]).
+    check_dir: PathBuf,
+    check_timeout: Duration,
 }
 
 /// What a pull resolved, for callers that need more than success.
@@ -149,6 +154,8 @@ impl GrpcContainerd {
             io_timeout: Duration::from_secs(60),
             progress: ProgressSink(Arc::new(log_progress)),
             registry: RegistryConfig::default(),
+            check_dir: PathBuf::from(DEFAULT_CHECK_DIR),
+            check_timeout: DEFAULT_CHECK_TIMEOUT,
         })
     }
 
@@ -273,6 +280,10 @@ impl Containerd for GrpcContainerd {
     /// Deletes the agent's records of `digest` (content and snapshots follow by garbage
     /// collection, unless something else still uses them). None at all: nothing to do. Only
     /// records the agent did not pull: refused.
+    async fn check_image(&self, digest: &Sha256Hex) -> EffectResult<String> {
+        GrpcContainerd::check_image(self, digest).await
+    }
+
     async fn remove_agent_image(&self, digest: &Sha256Hex) -> EffectResult {
         let records = self.image_records(digest).await?;
         let (ours, theirs): (Vec<_>, Vec<_>) = records.into_iter().partition(|r| r.agent_pulled);
