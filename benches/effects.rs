@@ -4,6 +4,9 @@
 //! - containerd: pull + unpack of a 10 MB, 2-layer image by digest, 5 runs, on containerd 1.6
 //!   and 2.x (the image is removed between runs): flexnode over plain http and over TLS with
 //!   the token flow, and `ctr images pull` (client-side, and 2.x's Transfer service);
+//! - the agent's image (`image/build`, built into the cache): pull by index digest over TLS +
+//!   token auth and the candidate check (`flexnode version` in a short-lived container), 5
+//!   runs on containerd 1.6, the image removed between runs;
 //! - systemd (a booted nspawn container): the D-Bus restart round trip (21 runs) and the
 //!   transient-timer restart with a 1000 ms delay (5 runs).
 //!
@@ -114,6 +117,63 @@ async fn pull_10mb(flavor: Flavor) {
     }
 }
 
+async fn agent_image_pull_and_check() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let layout = tmp.path().join("layout");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("image/build");
+    let built = Command::new(&script)
+        .args(["build", "--out"])
+        .arg(&layout)
+        .output()
+        .expect("image/build");
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let digest = String::from_utf8_lossy(&built.stdout).trim().to_string();
+    let tier = Tier::up(Flavor::V1_6);
+    let secure = tier.secure();
+    let pushed = Command::new(&script)
+        .arg("push")
+        .arg(&layout)
+        .arg(format!("{}/flexnode/agent:bench", secure.basic))
+        .arg("--ca")
+        .arg(&secure.lab_ca)
+        .arg("--credentials")
+        .arg(&secure.credentials)
+        .output()
+        .expect("image/build push");
+    assert!(
+        pushed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&pushed.stderr)
+    );
+    let index = flexnode::machine::agent::Sha256Hex::parse(&digest).expect("digest");
+    let agent = tier
+        .grpc(secure.registry_config())
+        .await
+        .with_check(tier.dir.join("checks"), Duration::from_secs(60));
+    let reference = format!("{}/flexnode/agent@{digest}", secure.token);
+    let (mut pulls, mut checks) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        let t = Instant::now();
+        agent.pull(&reference, &index).await.expect("pull");
+        pulls.push(ms(t));
+        let t = Instant::now();
+        agent.check_image(&index).await.expect("check");
+        checks.push(ms(t));
+        agent.remove_agent_image(&index).await.expect("remove");
+    }
+    let label = format!(
+        "agent image {} on containerd {}",
+        &digest[..19],
+        tier.version
+    );
+    report(&format!("{label}: pull by digest, TLS + token"), &pulls);
+    report(&format!("{label}: candidate check"), &checks);
+}
+
 async fn systemd_restarts() {
     let c = Container::up(&format!("fxbench-{}", std::process::id()));
     let sd = DbusSystemd::at_address(&c.bus)
@@ -164,5 +224,6 @@ async fn systemd_restarts() {
 async fn main() {
     pull_10mb(Flavor::V1_6).await;
     pull_10mb(Flavor::V2).await;
+    agent_image_pull_and_check().await;
     systemd_restarts().await;
 }

@@ -299,3 +299,82 @@ async fn the_image_is_pushed_with_auth_pulled_by_digest_and_runs_in_containerd()
             .is_empty()
     );
 }
+
+/// The check's time limit: a candidate whose `version` never returns fails within it, and
+/// leaves no container behind. The candidate is an image `image/build` makes of a C program
+/// that only waits (built here with the host's C compiler).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    flexnode_skip = "containerd",
+    ignore = "SKIPPED containerd: FLEXNODE_SKIP_CONTAINERD=1"
+)]
+async fn a_candidate_that_hangs_fails_the_check_within_its_limit() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let source = dir.path().join("hang.c");
+    std::fs::write(
+        &source,
+        "#include <unistd.h>\nint main(void) { for (;;) pause(); }\n",
+    )
+    .expect("write");
+    let binary = dir.path().join("hang");
+    let cc = Command::new("cc")
+        .arg("-O2")
+        .arg("-o")
+        .arg(&binary)
+        .arg(&source)
+        .output()
+        .expect("cc");
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let layout = dir.path().join("layout");
+    let digest = build(
+        &layout,
+        &[
+            "--arch",
+            "amd64",
+            "--tag",
+            "hang",
+            "--binary",
+            &format!("amd64={}", binary.display()),
+        ],
+    );
+    let tier = Tier::up(Flavor::V1_6);
+    let push = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("image/build"))
+        .arg("push")
+        .arg(&layout)
+        .arg(format!("{}/flexnode/hang:test", tier.registry))
+        .arg("--plain-http")
+        .output()
+        .expect("image/build push");
+    assert!(
+        push.status.success(),
+        "{}",
+        String::from_utf8_lossy(&push.stderr)
+    );
+    let index = Sha256Hex::parse(&digest).expect("digest");
+    let agent = tier
+        .grpc(Default::default())
+        .await
+        .with_check(tier.dir.join("checks"), Duration::from_secs(2));
+    agent
+        .pull(&format!("{}/flexnode/hang@{digest}", tier.registry), &index)
+        .await
+        .expect("pull");
+    let started = std::time::Instant::now();
+    let e = agent
+        .check_image(&index)
+        .await
+        .expect_err("it never answers");
+    assert!(e.to_string().contains("did not finish within 2 s"), "{e}");
+    eprintln!("the check gave up after {:?}", started.elapsed());
+    assert!(
+        agent
+            .managed_containers()
+            .await
+            .expect("containers")
+            .is_empty()
+    );
+}
