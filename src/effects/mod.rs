@@ -150,7 +150,7 @@ pub trait Host: Send + Sync {
         sha256: &Sha256Hex,
         build: &AgentBuild,
     ) -> impl Future<Output = EffectResult> + Send;
-    /// Runs the candidate's `version`; returns what it printed.
+    /// Runs a staged slot's `version`; returns what it printed (images: `Containerd::check_image`).
     fn check_candidate(
         &self,
         build: &AgentBuild,
