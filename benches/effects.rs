@@ -120,34 +120,13 @@ async fn pull_10mb(flavor: Flavor) {
 async fn agent_image_pull_and_check() {
     let tmp = tempfile::tempdir().expect("tmp");
     let layout = tmp.path().join("layout");
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("image/build");
-    let built = Command::new(&script)
-        .args(["build", "--out"])
-        .arg(&layout)
-        .output()
-        .expect("image/build");
-    assert!(
-        built.status.success(),
-        "{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    let digest = String::from_utf8_lossy(&built.stdout).trim().to_string();
+    let digest = support::image::build(&layout, &[]);
     let tier = Tier::up(Flavor::V1_6);
     let secure = tier.secure();
-    let pushed = Command::new(&script)
-        .arg("push")
-        .arg(&layout)
-        .arg(format!("{}/flexnode/agent:bench", secure.basic))
-        .arg("--ca")
-        .arg(&secure.lab_ca)
-        .arg("--credentials")
-        .arg(&secure.credentials)
-        .output()
-        .expect("image/build push");
-    assert!(
-        pushed.status.success(),
-        "{}",
-        String::from_utf8_lossy(&pushed.stderr)
+    support::image::push(
+        &layout,
+        &format!("{}/flexnode/agent:bench", secure.basic),
+        Some(&secure),
     );
     let index = flexnode::machine::agent::Sha256Hex::parse(&digest).expect("digest");
     let agent = tier

@@ -127,22 +127,59 @@ impl Provisioning {
     /// The Ignition config (spec 3.4.0): file contents as base64 `data:` URLs.
     pub fn ignition(&self) -> Result<String, IgnitionError> {
         let b64 = base64::engine::general_purpose::STANDARD;
-        let doc = IgnitionDoc {
-            ignition: IgnitionVersion {
-                version: IGNITION_VERSION,
+        let doc = self.doc(
+            Header::Ignition {
+                ignition: IgnitionVersion {
+                    version: IGNITION_VERSION,
+                },
             },
+            |f| Contents::Source {
+                source: format!("data:;base64,{}", b64.encode(&f.contents)),
+            },
+            |text| UnitContents::Plain(text.to_string()),
+        );
+        serde_json::to_string_pretty(&doc).map_err(|e| IgnitionError::Render(e.to_string()))
+    }
+
+    /// The Butane config (variant flatcar 1.1.0) that `butane` translates to the same Ignition.
+    pub fn butane(&self) -> Result<String, IgnitionError> {
+        let doc = self.doc(
+            Header::Butane {
+                variant: BUTANE_VARIANT,
+                version: BUTANE_VERSION,
+            },
+            |f| Contents::Inline {
+                inline: LitString(f.contents.clone()),
+            },
+            |text| UnitContents::Literal(LitString(text.to_string())),
+        );
+        serde_saphyr::to_string(&doc).map_err(|e| IgnitionError::Render(e.to_string()))
+    }
+
+    /// The one document both formats share; they differ in the header and in how file and
+    /// unit contents are written.
+    fn doc(
+        &self,
+        header: Header,
+        contents: impl Fn(&File) -> Contents,
+        unit: impl Fn(&str) -> UnitContents,
+    ) -> Doc<'_> {
+        Doc {
+            header,
             storage: Storage {
-                directories: self.directories(),
+                directories: self
+                    .directories
+                    .iter()
+                    .map(|(path, mode)| Directory { path, mode: *mode })
+                    .collect(),
                 files: self
                     .files
                     .iter()
-                    .map(|f| IgnitionFile {
+                    .map(|f| FileEntry {
                         path: &f.path,
                         mode: f.mode,
                         overwrite: true,
-                        contents: Source {
-                            source: format!("data:;base64,{}", b64.encode(&f.contents)),
-                        },
+                        contents: contents(f),
                     })
                     .collect(),
             },
@@ -150,65 +187,35 @@ impl Provisioning {
                 units: self
                     .units
                     .iter()
-                    .map(|(name, contents)| Unit {
+                    .map(|(name, text)| Unit {
                         name,
                         enabled: true,
-                        contents: contents.clone(),
+                        contents: unit(text),
                     })
                     .collect(),
             },
-        };
-        serde_json::to_string_pretty(&doc).map_err(|e| IgnitionError::Render(e.to_string()))
-    }
-
-    /// The Butane config (variant flatcar 1.1.0) that `butane` translates to the same Ignition.
-    pub fn butane(&self) -> Result<String, IgnitionError> {
-        let doc = ButaneDoc {
-            variant: BUTANE_VARIANT,
-            version: BUTANE_VERSION,
-            storage: ButaneStorage {
-                directories: self.directories(),
-                files: self
-                    .files
-                    .iter()
-                    .map(|f| ButaneFile {
-                        path: &f.path,
-                        mode: f.mode,
-                        overwrite: true,
-                        contents: Inline {
-                            inline: LitString(f.contents.clone()),
-                        },
-                    })
-                    .collect(),
-            },
-            systemd: ButaneSystemd {
-                units: self
-                    .units
-                    .iter()
-                    .map(|(name, contents)| ButaneUnit {
-                        name,
-                        enabled: true,
-                        contents: LitString(contents.clone()),
-                    })
-                    .collect(),
-            },
-        };
-        serde_saphyr::to_string(&doc).map_err(|e| IgnitionError::Render(e.to_string()))
-    }
-
-    fn directories(&self) -> Vec<Directory<'_>> {
-        self.directories
-            .iter()
-            .map(|(path, mode)| Directory { path, mode: *mode })
-            .collect()
+        }
     }
 }
 
 #[derive(Serialize)]
-struct IgnitionDoc<'a> {
-    ignition: IgnitionVersion,
+struct Doc<'a> {
+    #[serde(flatten)]
+    header: Header,
     storage: Storage<'a>,
     systemd: Systemd<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Header {
+    Ignition {
+        ignition: IgnitionVersion,
+    },
+    Butane {
+        variant: &'static str,
+        version: &'static str,
+    },
 }
 
 #[derive(Serialize)]
@@ -219,7 +226,7 @@ struct IgnitionVersion {
 #[derive(Serialize)]
 struct Storage<'a> {
     directories: Vec<Directory<'a>>,
-    files: Vec<IgnitionFile<'a>>,
+    files: Vec<FileEntry<'a>>,
 }
 
 #[derive(Serialize)]
@@ -229,16 +236,20 @@ struct Directory<'a> {
 }
 
 #[derive(Serialize)]
-struct IgnitionFile<'a> {
+struct FileEntry<'a> {
     path: &'a str,
     mode: u32,
     overwrite: bool,
-    contents: Source,
+    contents: Contents,
 }
 
 #[derive(Serialize)]
-struct Source {
-    source: String,
+#[serde(untagged)]
+enum Contents {
+    /// Ignition: a `data:` URL.
+    Source { source: String },
+    /// Butane: the text, as a literal block.
+    Inline { inline: LitString },
 }
 
 #[derive(Serialize)]
@@ -250,44 +261,12 @@ struct Systemd<'a> {
 struct Unit<'a> {
     name: &'a str,
     enabled: bool,
-    contents: String,
+    contents: UnitContents,
 }
 
 #[derive(Serialize)]
-struct ButaneDoc<'a> {
-    variant: &'static str,
-    version: &'static str,
-    storage: ButaneStorage<'a>,
-    systemd: ButaneSystemd<'a>,
-}
-
-#[derive(Serialize)]
-struct ButaneStorage<'a> {
-    directories: Vec<Directory<'a>>,
-    files: Vec<ButaneFile<'a>>,
-}
-
-#[derive(Serialize)]
-struct ButaneFile<'a> {
-    path: &'a str,
-    mode: u32,
-    overwrite: bool,
-    contents: Inline,
-}
-
-#[derive(Serialize)]
-struct Inline {
-    inline: LitString,
-}
-
-#[derive(Serialize)]
-struct ButaneSystemd<'a> {
-    units: Vec<ButaneUnit<'a>>,
-}
-
-#[derive(Serialize)]
-struct ButaneUnit<'a> {
-    name: &'a str,
-    enabled: bool,
-    contents: LitString,
+#[serde(untagged)]
+enum UnitContents {
+    Plain(String),
+    Literal(LitString),
 }

@@ -87,6 +87,22 @@ fn decode(source: &str) -> String {
     .expect("utf-8")
 }
 
+/// (path, mode, contents) of each file of an Ignition or Butane document.
+fn files_of(doc: &Value, contents: impl Fn(&Value) -> String) -> Vec<(String, u64, String)> {
+    doc["storage"]["files"]
+        .as_array()
+        .expect("files")
+        .iter()
+        .map(|f| {
+            (
+                f["path"].as_str().expect("path").to_string(),
+                f["mode"].as_u64().expect("mode"),
+                contents(&f["contents"]),
+            )
+        })
+        .collect()
+}
+
 fn validate(validator: &Path, file: &Path) -> (bool, String) {
     let out = Command::new(validator)
         .arg(file)
@@ -131,18 +147,7 @@ fn the_rendered_first_boot_is_valid_ignition_and_carries_the_inputs() {
     let ign: Value =
         serde_json::from_str(&std::fs::read_to_string(&ign_path).expect("read")).expect("json");
     assert_eq!(ign["ignition"]["version"], "3.4.0");
-    let files: Vec<(String, u64, String)> = ign["storage"]["files"]
-        .as_array()
-        .expect("files")
-        .iter()
-        .map(|f| {
-            (
-                f["path"].as_str().expect("path").to_string(),
-                f["mode"].as_u64().expect("mode"),
-                decode(f["contents"]["source"].as_str().expect("source")),
-            )
-        })
-        .collect();
+    let files = files_of(&ign, |c| decode(c["source"].as_str().expect("source")));
     let file = |p: &str| -> &str {
         &files
             .iter()
@@ -222,21 +227,7 @@ fn the_rendered_first_boot_is_valid_ignition_and_carries_the_inputs() {
         .expect("butane yaml");
     assert_eq!(bu["variant"], "flatcar");
     assert_eq!(bu["version"], "1.1.0");
-    let bu_files: Vec<(String, u64, String)> = bu["storage"]["files"]
-        .as_array()
-        .expect("files")
-        .iter()
-        .map(|f| {
-            (
-                f["path"].as_str().expect("path").to_string(),
-                f["mode"].as_u64().expect("mode"),
-                f["contents"]["inline"]
-                    .as_str()
-                    .expect("inline")
-                    .to_string(),
-            )
-        })
-        .collect();
+    let bu_files = files_of(&bu, |c| c["inline"].as_str().expect("inline").to_string());
     assert_eq!(bu_files, files);
     assert_eq!(bu["systemd"]["units"][0]["contents"], units[0]["contents"]);
     assert_eq!(bu["storage"]["directories"], ign["storage"]["directories"]);

@@ -2,7 +2,7 @@
 //! config, into a Butane config and its Ignition JSON. Both hold the node's credential, so
 //! they are written 0600 and never printed.
 
-use super::{EXIT_CONFIG, Failure, wiring};
+use super::{Failure, impossible, wiring};
 use crate::config::{Config, ConfigError};
 use crate::effects::fs::write_file_atomic;
 use crate::ignition::{Inputs, provisioning};
@@ -14,27 +14,17 @@ pub const BUTANE_FILE: &str = "config.bu";
 pub const IGNITION_FILE: &str = "config.ign";
 
 pub fn run(config: &Path, out: &Path) -> ExitCode {
-    match render(config, out) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(f) => {
-            eprintln!("flexnode ignition: {}", f.message);
-            ExitCode::from(f.code)
-        }
-    }
-}
-
-fn impossible(e: ConfigError) -> Failure {
-    Failure::config(format!("impossible setting: {e}"))
+    super::finish("ignition", render(config, out))
 }
 
 fn render(path: &Path, out: &Path) -> Result<(), Failure> {
     let config = Config::load(path, &wiring::hostname()).map_err(impossible)?;
     let read = |setting: &str, p: &Path| {
         std::fs::read_to_string(p).map_err(|e| {
-            Failure::config(format!(
-                "impossible setting: {setting}: {}: {e}",
-                p.display()
-            ))
+            impossible(ConfigError {
+                setting: setting.into(),
+                message: format!("{}: {e}", p.display()),
+            })
         })
     };
     let inputs = Inputs {
@@ -50,15 +40,9 @@ fn render(path: &Path, out: &Path) -> Result<(), Failure> {
             .map(|p| read("registryCredentialsFile", p))
             .transpose()?,
     };
-    let p = provisioning(&config, inputs).map_err(|e| Failure {
-        code: EXIT_CONFIG,
-        message: e.to_string(),
-    })?;
-    let (butane, ignition) = (p.butane(), p.ignition());
-    let (butane, ignition) = (
-        butane.map_err(|e| Failure::failed(e.to_string()))?,
-        ignition.map_err(|e| Failure::failed(e.to_string()))?,
-    );
+    let p = provisioning(&config, inputs).map_err(|e| Failure::config(e.to_string()))?;
+    let butane = p.butane().map_err(|e| Failure::failed(e.to_string()))?;
+    let ignition = p.ignition().map_err(|e| Failure::failed(e.to_string()))?;
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)

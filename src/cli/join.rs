@@ -3,8 +3,8 @@
 //! join (agent install, units, first machine) and start the agent. Running it again on a
 //! joined host converges (configuration, units, a running agent) instead of joining twice.
 
-use super::Failure;
 use super::wiring::{self, HostEffects};
+use super::{Failure, impossible};
 use crate::api::Machine;
 use crate::api::machine::{KubernetesSpec, MachineSpec};
 use crate::config::{
@@ -26,11 +26,6 @@ use std::time::{Duration, Instant};
 
 /// How long `join` waits for the agent it started to report ready.
 const AGENT_READY: Duration = Duration::from_secs(180);
-
-/// A setting that cannot work: exit 78, the bootstrap unit does not retry.
-fn impossible(e: ConfigError) -> Failure {
-    Failure::config(format!("impossible setting: {e}"))
-}
 
 pub fn run(state: &Path, config: &Path) -> ExitCode {
     super::block_on("join", join(state, config))

@@ -66,6 +66,11 @@ impl Failure {
     }
 }
 
+/// A setting that cannot work (exit 78), named as the config names it.
+pub fn impossible(e: crate::config::ConfigError) -> Failure {
+    Failure::config(format!("impossible setting: {e}"))
+}
+
 impl<E: Into<anyhow::Error>> From<E> for Failure {
     fn from(e: E) -> Self {
         Self::failed(format!("{:#}", e.into()))
@@ -105,7 +110,12 @@ pub fn block_on<T: Done>(
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(fut) {
+    finish(command, runtime.block_on(fut))
+}
+
+/// A command's exit: its status, and on failure one line (see [`block_on`]).
+pub fn finish<T: Done>(command: &str, result: Result<T, Failure>) -> ExitCode {
+    match result {
         Ok(done) => done.exit_code(),
         Err(f) => {
             eprintln!(

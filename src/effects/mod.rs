@@ -13,7 +13,7 @@ pub mod systemd;
 
 use crate::machine::Timestamp;
 use crate::machine::agent::{AgentBuild, InstallMode};
-use crate::machine::agent::{ArchiveUrl, Sha256Hex};
+use crate::machine::agent::{ArchiveUrl, Sha256Hex, Slot};
 use crate::machine::result::{MachinePhase, OpResult};
 use crate::machine::state::{OpRef, Side};
 use std::future::Future;
@@ -150,11 +150,9 @@ pub trait Host: Send + Sync {
         sha256: &Sha256Hex,
         build: &AgentBuild,
     ) -> impl Future<Output = EffectResult> + Send;
-    /// Runs a staged slot's `version`; returns what it printed (images: `Containerd::check_image`).
-    fn check_candidate(
-        &self,
-        build: &AgentBuild,
-    ) -> impl Future<Output = EffectResult<String>> + Send;
+    /// Runs the `version` of the build staged in `slot`; returns what it printed (an image
+    /// candidate is checked by `Containerd::check_image`).
+    fn check_candidate(&self, slot: Slot) -> impl Future<Output = EffectResult<String>> + Send;
     fn discard_candidate(&self, build: &AgentBuild) -> impl Future<Output = EffectResult> + Send;
     /// The build selected to run (host: `current` link; container: image selection).
     fn selected_agent(

@@ -109,7 +109,7 @@ where
                     }
                 }
                 let version = match candidate {
-                    AgentBuild::Slot { .. } => fx.host.check_candidate(candidate).await?,
+                    AgentBuild::Slot { slot } => fx.host.check_candidate(*slot).await?,
                     AgentBuild::Image { digest } => fx.containerd.check_image(digest).await?,
                 };
                 tracing::info!(%candidate, %version, "candidate staged");

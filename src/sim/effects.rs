@@ -7,7 +7,7 @@ use crate::effects::{
     Containerd, EffectError, EffectResult, Host, MachineStatus, Publisher, Systemd, check_unit_name,
 };
 use crate::machine::Timestamp;
-use crate::machine::agent::{AgentBuild, ArchiveUrl, InstallMode, Sha256Hex};
+use crate::machine::agent::{AgentBuild, ArchiveUrl, InstallMode, Sha256Hex, Slot};
 use crate::machine::result::{MachinePhase, OpResult};
 use crate::machine::state::{OpRef, Side};
 
@@ -295,7 +295,8 @@ impl Host for SimHost {
         })
     }
 
-    async fn check_candidate(&self, build: &AgentBuild) -> EffectResult<String> {
+    async fn check_candidate(&self, slot: Slot) -> EffectResult<String> {
+        let build = &AgentBuild::Slot { slot };
         self.read("check_candidate", &build.to_string())?;
         let w = self.world();
         w.build_of(build)

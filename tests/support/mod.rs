@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod containerd;
+pub mod image;
 pub mod logs;
 pub mod nspawn;
 pub mod tier;

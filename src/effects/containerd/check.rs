@@ -40,7 +40,15 @@ impl GrpcContainerd {
             .map_err(|e| EffectError::Failed(format!("{}: {e}", dir.display())))?;
         let (stdout, stderr) = (dir.join("stdout"), dir.join("stderr"));
         let args = [AGENT_BINARY.to_string(), "version".to_string()];
-        self.create_container(id, digest, &args, false, &[]).await?;
+        let candidate = |e: EffectError| match e {
+            EffectError::Failed(m) => {
+                EffectError::Failed(format!("candidate image {}: {m}", digest.short()))
+            }
+            other => other,
+        };
+        self.create_container(id, digest, &args, false, &[])
+            .await
+            .map_err(candidate)?;
         self.start_container(
             id,
             &TaskIo::Files {
@@ -48,7 +56,8 @@ impl GrpcContainerd {
                 stderr: stderr.clone(),
             },
         )
-        .await?;
+        .await
+        .map_err(candidate)?;
         let limit = self.check_timeout;
         let Ok(status) = tokio::time::timeout(limit, self.wait_task(id)).await else {
             return Err(EffectError::Failed(format!(

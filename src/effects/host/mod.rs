@@ -31,7 +31,7 @@ pub use machines::{MACHINE_MARKER, NSPAWN_SETTINGS};
 use super::archive::ArchiveFetcher;
 use super::fs::{io_failed, remove_no_follow, remove_tree, sync_existing_dir};
 use super::{EffectError, EffectResult, Host};
-use crate::machine::agent::{AgentBuild, Arch, ArchiveUrl, InstallMode, Sha256Hex};
+use crate::machine::agent::{AgentBuild, Arch, ArchiveUrl, InstallMode, Sha256Hex, Slot};
 use crate::machine::state::Side;
 use candidate::run_version;
 use std::io::ErrorKind;
@@ -187,11 +187,9 @@ impl Host for FsHost {
             .await
     }
 
-    async fn check_candidate(&self, build: &AgentBuild) -> EffectResult<String> {
-        let AgentBuild::Slot { slot } = build else {
-            return Err(mode_mismatch(InstallMode::Host, build));
-        };
-        let binary = self.layout.slot_binary(*slot);
+    async fn check_candidate(&self, slot: Slot) -> EffectResult<String> {
+        let build = &AgentBuild::Slot { slot };
+        let binary = self.layout.slot_binary(slot);
         match std::fs::symlink_metadata(&binary) {
             Ok(m) if m.is_file() => {}
             Ok(_) => {
