@@ -7,6 +7,7 @@
 //! a container of that image. Every file is 0600 (they hold credentials or name them).
 
 use crate::config::{AgentImage, Config, ConfigFile};
+use crate::effects::containerd::basic_credentials;
 use crate::machine::agent::InstallMode;
 use crate::units;
 use base64::Engine;
@@ -20,6 +21,9 @@ pub const BOOTSTRAP_DIR: &str = "/etc/flexnode/bootstrap";
 pub const INSTALL_ENV: &str = "/etc/flexnode/install.env";
 pub const INSTALL_IMAGE_VAR: &str = "FLEXNODE_INSTALL_IMAGE";
 pub const BOOTSTRAP_UNIT: &str = "flexnode-bootstrap.service";
+/// containerd's registry settings, one directory per registry host (what the bootstrap unit's
+/// `ctr images pull --hosts-dir` reads).
+pub const CONTAINERD_HOSTS_DIR: &str = "/etc/containerd/certs.d";
 
 /// Flatcar is what Azure Container Linux is built on; its Butane 1.1.0 gives Ignition 3.4.0.
 const BUTANE_VARIANT: &str = "flatcar";
@@ -75,6 +79,41 @@ pub fn provisioning(config: &Config, inputs: Inputs) -> Result<Provisioning, Ign
         mode: PRIVATE_FILE,
         contents: install_env(image),
     }];
+    let mut directories = vec![
+        ("/etc/flexnode".into(), PRIVATE_DIR),
+        (BOOTSTRAP_DIR.into(), PRIVATE_DIR),
+        ("/var/lib/flexnode".into(), PRIVATE_DIR),
+    ];
+    // The bootstrap unit's first pull is ctr's: it reads the registry's CA and credentials
+    // from containerd's own hosts directory (`--hosts-dir`), never from its command line.
+    let registry = &image.image.registry;
+    let basic = inputs
+        .registry_credentials
+        .as_deref()
+        .map(|doc| basic_credentials(doc, registry))
+        .transpose()
+        .map_err(|why| IgnitionError::Render(format!("registryCredentialsFile: {why}")))?
+        .flatten();
+    if inputs.trusted_ca.is_some() || basic.is_some() {
+        if !registry
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b))
+        {
+            return Err(IgnitionError::Render(
+                "agentImage: the registry name cannot be a directory name".into(),
+            ));
+        }
+        let dir = format!("{CONTAINERD_HOSTS_DIR}/{registry}");
+        let ca = inputs.trusted_ca.clone().map(|ca| {
+            files.push(private(format!("{dir}/ca.crt"), ca));
+            format!("{dir}/ca.crt")
+        });
+        files.push(private(
+            format!("{dir}/hosts.toml"),
+            hosts_toml(registry, ca.as_deref(), basic),
+        ));
+        directories.push((dir, PRIVATE_DIR));
+    }
     let mut bootstrap = ConfigFile {
         kubeconfig: Some(PathBuf::from(at("kubeconfig"))),
         ..config.rendered()
@@ -97,11 +136,7 @@ pub fn provisioning(config: &Config, inputs: Inputs) -> Result<Provisioning, Ign
         .map(|(name, text)| (name.to_string(), text.to_string()))
         .ok_or_else(|| IgnitionError::Render(format!("no {BOOTSTRAP_UNIT}")))?;
     Ok(Provisioning {
-        directories: vec![
-            ("/etc/flexnode".into(), PRIVATE_DIR),
-            (BOOTSTRAP_DIR.into(), PRIVATE_DIR),
-            ("/var/lib/flexnode".into(), PRIVATE_DIR),
-        ],
+        directories,
         files,
         units: vec![unit],
     })
@@ -113,6 +148,28 @@ fn private(path: String, contents: String) -> File {
         mode: PRIVATE_FILE,
         contents,
     }
+}
+
+/// containerd's registry settings (`hosts.toml`) for `registry`: https, the CA when one is
+/// configured, and the credentials as a Basic `Authorization` header when the registry has
+/// an entry in the credentials file.
+fn hosts_toml(registry: &str, ca: Option<&str>, basic: Option<(String, String)>) -> String {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut out = format!(
+        "# Written by `flexnode ignition`: the bootstrap unit's first pull (ctr --hosts-dir).\n\
+         server = \"https://{registry}\"\n\n[host.\"https://{registry}\"]\n\
+         capabilities = [\"pull\", \"resolve\"]\n"
+    );
+    if let Some(ca) = ca {
+        out.push_str(&format!("ca = \"{ca}\"\n"));
+    }
+    if let Some((user, pass)) = basic {
+        out.push_str(&format!(
+            "\n[host.\"https://{registry}\".header]\nAuthorization = \"Basic {}\"\n",
+            b64.encode(format!("{user}:{pass}"))
+        ));
+    }
+    out
 }
 
 fn install_env(image: &AgentImage) -> String {

@@ -235,6 +235,19 @@ async fn the_image_is_pushed_with_auth_pulled_by_digest_and_runs_in_containerd()
         .await
         .expect("pull the agent image");
 
+    // Its local name, which the container units run: beside the pulled record, labelled as
+    // the agent's like it (and so removed with it); naming twice changes nothing.
+    agent.name_agent_image(&index).await.expect("name");
+    agent.name_agent_image(&index).await.expect("name again");
+    let mut records = agent.image_records(&index).await.expect("records");
+    records.sort_by(|a, b| a.name.cmp(&b.name));
+    let names: Vec<(&str, bool)> = records
+        .iter()
+        .map(|r| (r.name.as_str(), r.agent_pulled))
+        .collect();
+    let local = format!("flexnode.invalid/agent@{}", index.oci());
+    assert_eq!(names, [(reference.as_str(), true), (local.as_str(), true)]);
+
     // The candidate check an AgentUpgrade runs: `flexnode version` in a short-lived container.
     let checks = tier.dir.join("checks");
     let agent = agent.with_check(&checks, Duration::from_secs(30));
@@ -279,6 +292,19 @@ async fn the_image_is_pushed_with_auth_pulled_by_digest_and_runs_in_containerd()
             .expect("containers")
             .is_empty()
     );
+
+    // Removing the agent's image removes its local name too; naming an image containerd
+    // does not hold fails, saying so.
+    agent.remove_agent_image(&index).await.expect("remove");
+    assert!(
+        agent
+            .image_records(&index)
+            .await
+            .expect("records")
+            .is_empty()
+    );
+    let e = agent.name_agent_image(&index).await.expect_err("not there");
+    assert!(e.to_string().contains("is not in containerd"), "{e}");
 }
 
 /// The check's time limit: a candidate whose `version` never returns fails within it, and

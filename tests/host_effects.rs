@@ -384,7 +384,10 @@ async fn container_install_selects_images() {
         .expect("install");
     assert_eq!(
         std::fs::read_to_string(fx.layout.agent_image_env()).expect("env"),
-        format!("FLEXNODE_AGENT_IMAGE=sha256:{}\n", d1.as_str())
+        format!(
+            "FLEXNODE_AGENT_IMAGE=flexnode.invalid/agent@sha256:{}\n",
+            d1.as_str()
+        )
     );
     assert_eq!(
         fx.host.selected_agent(InstallMode::Container).await,
@@ -400,7 +403,10 @@ async fn container_install_selects_images() {
     );
     assert_eq!(
         std::fs::read_to_string(fx.layout.agent_image_last_good_env()).expect("env"),
-        format!("FLEXNODE_AGENT_IMAGE=sha256:{}\n", d1.as_str())
+        format!(
+            "FLEXNODE_AGENT_IMAGE=flexnode.invalid/agent@sha256:{}\n",
+            d1.as_str()
+        )
     );
     // Modes and builds must agree.
     failed(fx.host.install_agent(InstallMode::Host, &image(&d1)).await);

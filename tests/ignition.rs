@@ -155,12 +155,31 @@ fn the_rendered_first_boot_is_valid_ignition_and_carries_the_inputs() {
             .unwrap_or_else(|| panic!("no {p} in {files:?}"))
             .2
     };
+    let hosts_dir = "/etc/containerd/certs.d/127.0.0.1:5000";
     for (path, mode, _) in &files {
         assert_eq!(*mode, 0o600, "{path}");
         for banned in ["/usr/", "/opt/"] {
             assert!(!path.starts_with(banned), "{path} is under {banned}");
         }
-        assert!(path.starts_with("/etc/flexnode/"), "{path}");
+        assert!(
+            path.starts_with("/etc/flexnode/") || path.starts_with(hosts_dir),
+            "{path}"
+        );
+    }
+    // The bootstrap unit's first pull (ctr) gets the CA and the credentials from containerd's
+    // own hosts directory: https, the CA, a Basic header from the credentials file's entry.
+    assert_eq!(file(&format!("{hosts_dir}/ca.crt")), ca);
+    let hosts = file(&format!("{hosts_dir}/hosts.toml"));
+    for line in [
+        "server = \"https://127.0.0.1:5000\"".to_string(),
+        "[host.\"https://127.0.0.1:5000\"]".to_string(),
+        format!("ca = \"{hosts_dir}/ca.crt\""),
+        format!(
+            "Authorization = \"Basic {}\"",
+            base64::engine::general_purpose::STANDARD.encode(format!("puller:{PASSWORD}"))
+        ),
+    ] {
+        assert!(hosts.lines().any(|l| l == line), "{line} in {hosts}");
     }
     assert_eq!(file("/etc/flexnode/bootstrap/kubeconfig"), kubeconfig);
     assert_eq!(file("/etc/flexnode/bootstrap/trusted-ca.pem"), ca);
@@ -203,6 +222,10 @@ fn the_rendered_first_boot_is_valid_ignition_and_carries_the_inputs() {
         "{unit}"
     );
     assert!(unit.contains("RestartPreventExitStatus=78"), "{unit}");
+    assert!(
+        unit.contains("--hosts-dir /etc/containerd/certs.d"),
+        "{unit}"
+    );
     for text in [unit, env] {
         assert!(!text.contains("SECRET"), "a secret in {text}");
     }

@@ -588,3 +588,20 @@ async fn crash_at_every_effect_boundary_of_a_container_upgrade() {
 async fn crash_at_every_effect_boundary_of_a_reset() {
     crash_everywhere(Flow::Reset).await;
 }
+
+#[tokio::test]
+async fn a_rolled_back_image_is_removed_at_the_next_daemon_start() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut node = joined(&dir, InstallMode::Container).await;
+    node.host.serve_image(IMAGE, v2(true));
+    node.claim("u1", upgrade("oci://registry.example/flexnode:v2", IMAGE))
+        .await
+        .expect("claim");
+    node.settle().await.expect("recovery");
+    assert_eq!(results_for(&node, "u1")[0].0, ResultReason::DaemonFailed);
+    // The restored build's daemon judged the rollback, then removed what nothing runs again.
+    assert!(!node.host.world().images.contains_key(IMAGE));
+    let store = &node.runner().expect("open").store;
+    assert!(!store.is_agent_image(IMAGE).expect("query"));
+    assert!(store.agent_images().expect("list").is_empty());
+}

@@ -204,7 +204,7 @@ async fn dbus_systemd_drives_a_real_system_manager() {
     assert!(!c.units.join(FAILER).exists());
     sd.remove_unit(FAILER).await.expect("remove_unit again");
     // Paths are not unit names.
-    failed_message(sd.write_unit("../escape.service", "").await);
+    failed_message(sd.write_unit("../escape.service", "").await.map(drop));
 
     // --- a job that outlives the timeout: Failed, naming the unit; stop cancels it.
     sd.write_unit(

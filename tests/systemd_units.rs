@@ -11,11 +11,6 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Keys that systemd < 254 does not know and that the design accepts there: the bootstrap
-/// unit's retry back-off grows only on systemd ≥ 254, older systemd keeps `RestartSec` (10 s;
-/// units/host/flexnode-bootstrap.service says so).
-const NEWER_THAN_252: &[(&str, u32)] = &[("RestartSteps", 254), ("RestartMaxDelaySec", 254)];
-
 /// Where the agent installs itself; the only executables stubbed.
 const AGENT_PREFIX: &str = "/opt/flexnode/";
 
@@ -192,18 +187,6 @@ fn verify(analyze: &Path, dir: &Path) -> Vec<String> {
     findings
 }
 
-/// Drops findings that are the accepted "unknown on older systemd" keys.
-fn real_findings(findings: Vec<String>, version: u32) -> Vec<String> {
-    findings
-        .into_iter()
-        .filter(|f| {
-            !NEWER_THAN_252.iter().any(|(key, since)| {
-                version < *since && f.contains(&format!("Unknown key '{key}' in section [Service]"))
-            })
-        })
-        .collect()
-}
-
 fn check_mode(mode: &str) {
     let analyze = systemd_analyze();
     let version = systemd_version(&analyze);
@@ -214,11 +197,12 @@ fn check_mode(mode: &str) {
     for f in &all {
         eprintln!("units/{mode} (systemd {version}): {f}");
     }
-    let real = real_findings(all, version);
+    // No tolerance: not even a key newer systemd knows (the bootstrap back-off is the
+    // agent's, `join --backoff`, so no unit needs one).
     assert!(
-        real.is_empty(),
+        all.is_empty(),
         "systemd-analyze verify (systemd {version}) on units/{mode}:\n{}",
-        real.join("\n")
+        all.join("\n")
     );
 }
 
@@ -236,7 +220,6 @@ fn container_units_verify() {
 #[test]
 fn verify_reports_broken_units() {
     let analyze = systemd_analyze();
-    let version = systemd_version(&analyze);
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(
         dir.path().join("broken.service"),
@@ -245,8 +228,7 @@ fn verify_reports_broken_units() {
          RestartSteps=3\n",
     )
     .expect("write");
-    let real = real_findings(verify(&analyze, dir.path()), version);
-    let text = real.join("\n");
+    let text = verify(&analyze, dir.path()).join("\n");
     assert!(text.contains("notfy"), "bad Type= not reported:\n{text}");
     assert!(
         text.contains("does-not-exist.service"),
@@ -255,6 +237,10 @@ fn verify_reports_broken_units() {
     assert!(
         text.contains("/usr/bin/no-such-tool"),
         "missing system binary not reported:\n{text}"
+    );
+    assert!(
+        text.contains("Unknown key 'RestartSteps'"),
+        "a key this systemd does not know not reported:\n{text}"
     );
     assert!(
         !text.contains("/opt/flexnode/bin/flexnode"),

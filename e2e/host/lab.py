@@ -3,14 +3,17 @@ up (its guest over ssh, its control plane over kubectl and HTTPS), the operation
 small helpers every check uses. Python 3 stdlib only.
 """
 
+import argparse
 import calendar
 import http.client
 import json
 import os
 import re
 import shlex
+import signal
 import ssl
 import subprocess
+import sys
 import threading
 import time
 import urllib.parse
@@ -90,10 +93,11 @@ class Lab:
         self.kubectl_bin = st["KUBECTL"]
         self.kubeconfig = st["KUBECONFIG"]
         self.flexnode = st["FLEXNODE_BIN"]
-        self.art = st["GUEST_ART"]
-        self.sha_good = st["SHA_GOOD"]      # the next build (VERSION_NEXT)
-        self.sha_base = st["SHA_BASE"]      # the installed build (VERSION_BASE)
-        self.sha_broken = st["SHA_BROKEN"]
+        # The host lab's artifact server and archives (the container lab has images instead).
+        self.art = st.get("GUEST_ART", "")
+        self.sha_good = st.get("SHA_GOOD", "")      # the next build (VERSION_NEXT)
+        self.sha_base = st.get("SHA_BASE", "")      # the installed build (VERSION_BASE)
+        self.sha_broken = st.get("SHA_BROKEN", "")
         self.ver_base = st["VERSION_BASE"]
         self.ver_next = st["VERSION_NEXT"]
         self.repo = st["REPO"]
@@ -458,3 +462,178 @@ class OpWatch(threading.Thread):
                 bad.append("second terminal result %s/%s at %s after %s/%s at %s"
                            % (phase, reason, done, first[1], first[2], first[4]))
         return bad
+
+
+# -------------------------------------------------------------------- what suites share
+
+class SuiteBase:
+    """A suite's state and its checks' common steps: the operations it created (each must
+    finish), the watch of every operation, waiting for phases and terminal results."""
+
+    def __init__(self, lab):
+        self.lab = lab
+        self.watch = OpWatch(lab)
+        self.created = []
+
+    def create(self, kind, name, **kw):
+        self.created.append(name)
+        self.lab.op_create(kind, name, **kw)
+
+    def create_raw(self, name, kind, params):
+        self.created.append(name)
+        self.lab.op_raw(name, kind, params)
+
+    def wait_phase(self, name, phases, timeout):
+        def probe():
+            for row in reversed(self.watch.history(name)):
+                if row[1] in phases:
+                    return row
+            op = self.lab.get_op(name)
+            v = op_view(op)
+            return v if v[0] in phases else None
+        return wait_until("%s to reach %s" % (name, "/".join(phases)), probe, timeout, 2)
+
+    def terminal(self, name, timeout):
+        """Waits for a terminal phase; returns (phase, reason, message, completedAt, startedAt)."""
+        wait_until("%s to finish (Complete or Failed)" % name,
+                   lambda: op_view(self.lab.get_op(name))[0] in TERMINAL, timeout, 3)
+        v = op_view(self.lab.get_op(name))
+        detail("%s: %s/%s %r completedAt=%s" % (name, v[0], v[1], v[2], v[3]))
+        need(v[3], "%s is %s but has no completedAt" % (name, v[0]))
+        return v
+
+    def expect(self, name, phase, reason, timeout, message=None):
+        v = self.terminal(name, timeout)
+        need((v[0], v[1]) == (phase, reason),
+             "%s ended %s/%s (%r), expected %s/%s" % (name, v[0], v[1], v[2], phase, reason))
+        if message is not None:
+            need(v[2] == message, "%s message %r, expected %r" % (name, v[2], message))
+        return v
+
+    def terminal_events(self, name):
+        ev = [e for e in self.lab.events_for(name) if e.get("reason") in TERMINAL_REASONS]
+        return sum(max(1, ((e.get("series") or {}).get("count") or 1)) for e in ev), ev
+
+    def one_result(self, name):
+        """Exactly one terminal result for `name`, in the watch and in Events. First waits until
+        the watch has seen the object as the API server has it now (its resourceVersion)."""
+        op = self.lab.get_op(name)
+        need(op, "%s does not exist" % name)
+        rv = int(op["metadata"]["resourceVersion"])
+        wait_until("the watch to see %s at resourceVersion %d" % (name, rv),
+                   lambda: self.watch.caught_up(name, rv), 60, 0.5)
+        bad = self.watch.violations(name)
+        need(not bad, "%s: %s" % (name, "; ".join(bad)))
+        n, ev = self.terminal_events(name)
+        if op_view(op)[0] in TERMINAL:
+            need(n == 1, "%s: %d terminal Events (%s)" % (name, n, [e.get("reason") for e in ev]))
+        else:
+            need(n == 0, "%s is %r but has terminal Events %s" % (name, op_view(op)[0], [e.get("reason") for e in ev]))
+        phases = [r[1] or "-" for r in self.watch.history(name)]
+        detail("%s went through: %s; terminal Events: %d" % (name, " -> ".join(phases), n))
+
+    def power_cycle(self):
+        self.lab.drop_ssh()
+        t = time.time()
+        self.lab.qemu("poweroff", self.lab.guest, timeout=60)
+        detail("power cut (QMP quit) at +0 s; cold boot ...")
+        self.lab.qemu("boot", self.lab.guest, timeout=600)
+        self.lab.refresh_port()
+        detail("guest back (ssh) after %.0f s" % (time.time() - t))
+
+    def c_one_result_each(self):
+        """Over the whole run: every operation has exactly one terminal result in the watch
+        (which never lost events: every resume continued from its last resourceVersion) and
+        exactly one terminal Event."""
+        need(not self.watch.gaps, "the watch lost events it cannot account for: %s" % self.watch.gaps)
+        names = set(self.created) | set(self.watch.names())
+        need(set(self.created) <= set(self.watch.names()),
+             "the watch never saw %s" % sorted(set(self.created) - set(self.watch.names())))
+        bad = []
+        for n in sorted(names):
+            op = self.lab.get_op(n)
+            v = op_view(op)
+            if op is not None:
+                rv = int(op["metadata"]["resourceVersion"])
+                wait_until("the watch to see %s at resourceVersion %d" % (n, rv),
+                           lambda: self.watch.caught_up(n, rv), 60, 0.5)
+            bad += ["%s: %s" % (n, b) for b in self.watch.violations(n)]
+            if n in self.created and v[0] not in TERMINAL:
+                bad.append("%s never finished (phase %r)" % (n, v[0]))
+            if v[0] in TERMINAL:
+                count, _ = self.terminal_events(n)
+                if count != 1:
+                    bad.append("%s has %d terminal Events" % (n, count))
+        need(not bad, "; ".join(bad))
+        detail("%d operations, each with exactly one terminal result and one terminal Event "
+               "(the watch resumed %d times from its last resourceVersion, no gap)"
+               % (len(names), self.watch.resumes))
+
+
+# ------------------------------------------------------------------------------ the runner
+
+def run_suite(doc, checks, suite_cls, lab_cls, diagnose, first, skipped_first):
+    """A suite's command line (`--lab DIR [--only a,b] [--list]`) and run: each check in
+    order, `PASS name (s)` / `FAIL name (s): why` (then `diagnose(lab)`), and the summary
+    `N passed, M failed, K not run in T s`; 1 if a check failed. `skipped_first(suite)` runs
+    when `--only` leaves out the check named `first` (the one that sets the node up)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lab")
+    ap.add_argument("--only", default="", help="comma-separated check names (default: all, in order)")
+    ap.add_argument("--list", action="store_true")
+    a = ap.parse_args()
+    if a.list:
+        for n, _ in checks:
+            print(n)
+        return 0
+    if not a.lab:
+        ap.error("--lab is required (except with --list)")
+    only = [x for x in a.only.split(",") if x]
+    unknown = set(only) - {n for n, _ in checks}
+    if unknown:
+        sys.exit("suite: unknown checks: %s" % ", ".join(sorted(unknown)))
+    def on_term(signum, _frame):
+        raise KeyboardInterrupt("signal %d" % signum)
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)  # also when started with SIGINT ignored (background)
+    lab = lab_cls(a.lab)
+    suite = suite_cls(lab)
+    suite.watch.start()
+    if not suite.watch.listed.wait(60):
+        sys.exit("suite: the operation watch could not list MachineOperations")
+    t_all = time.time()
+    passed = failed = 0
+    ran = set()
+    try:
+        if only and first not in only:
+            skipped_first(suite)
+        for name, fn in checks:
+            if only and name not in only:
+                continue
+            print("---- %s" % name, flush=True)
+            ran.add(name)
+            t = time.time()
+            try:
+                fn(suite)
+            except Fail as e:
+                failed += 1
+                print("FAIL %s (%.1f s): %s" % (name, time.time() - t, e), flush=True)
+                diagnose(lab)
+            except Exception as e:  # noqa: BLE001 - any error is this check's failure
+                failed += 1
+                print("FAIL %s (%.1f s): %s: %s" % (name, time.time() - t, type(e).__name__, e), flush=True)
+                diagnose(lab)
+            else:
+                passed += 1
+                print("PASS %s (%.1f s)" % (name, time.time() - t), flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        failed += 1
+    finally:
+        suite.watch.stop()
+        lab.drop_ssh()
+    not_run = [n for n, _ in checks if n not in ran]
+    print("%d passed, %d failed, %d not run%s in %.1f s"
+          % (passed, failed, len(not_run), " (%s)" % ", ".join(not_run) if not_run else "",
+             time.time() - t_all), flush=True)
+    return 1 if failed else 0

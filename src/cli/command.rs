@@ -29,6 +29,10 @@ pub enum Command {
         /// YAML or JSON; see docs/config.md.
         #[arg(long, value_name = "FILE")]
         config: PathBuf,
+        /// After failed attempts, wait a growing delay first (10 s doubling to 300 s; exit
+        /// 78 and success start over): the bootstrap units' retries.
+        #[arg(long)]
+        backoff: bool,
     },
     /// Render a container install's first boot (Butane and Ignition, 0600) from a join config.
     Ignition {
@@ -95,7 +99,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Status { output } => status::status(&cli.state, output),
         Command::History { limit, output } => status::history(&cli.state, limit, output),
         Command::Daemon(args) => daemon::run(&cli.state, args),
-        Command::Join { config } => join::run(&cli.state, &config),
+        Command::Join { config, backoff } => join::run(&cli.state, &config, backoff),
         Command::Ignition { config, out } => ignition::run(&config, &out),
         Command::Reset { yes } => reset::run(&cli.state, yes),
         Command::RecoverAgentUpgrade { message } => recover::run(&cli.state, &message),

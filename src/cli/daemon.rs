@@ -3,6 +3,7 @@
 //! simulated host for labs and demos.
 
 use super::wiring;
+use crate::effects::host::AGENT_IMAGE_VAR;
 use crate::exec::{Clock, SystemClock};
 use crate::machine::agent::InstallMode;
 use crate::reconcile::{DaemonConfig, client_from_kubeconfig};
@@ -44,12 +45,16 @@ pub fn run(state: &Path, args: DaemonArgs) -> ExitCode {
 async fn on_host(state: &Path, args: &DaemonArgs) -> anyhow::Result<()> {
     let (config, client) = wiring::installed_config(&args.config).await?;
     let exe = std::env::current_exe()?;
-    let running = wiring::running().ok_or_else(|| {
-        anyhow::anyhow!(
+    let running = wiring::running().ok_or_else(|| match wiring::host_root() {
+        Some(_) => anyhow::anyhow!(
+            "this container does not say which image it runs ({AGENT_IMAGE_VAR}=…@sha256:…); \
+             the container install's agent unit sets it"
+        ),
+        None => anyhow::anyhow!(
             "{} is not an installed agent build; the agent runs as \
              /opt/flexnode/current/flexnode (install it with `flexnode join`)",
             exe.display()
-        )
+        ),
     })?;
     let fx = wiring::host_effects(&config).await?;
     let runner = wiring::daemon_runner(

@@ -10,9 +10,11 @@ use crate::api::machine::{KubernetesSpec, MachineSpec};
 use crate::config::{
     CONFIG_PATH, Config, ConfigError, KUBECONFIG_PATH, REGISTRY_CREDENTIALS_PATH, TRUSTED_CA_PATH,
 };
-use crate::effects::fs::write_file_atomic;
-use crate::effects::{AGENT_UNIT, Systemd};
+use crate::effects::fs::{remove_no_follow, remove_tree, sync_existing_dir, write_file_atomic};
+use crate::effects::host::AGENT_IMAGE_VAR;
+use crate::effects::{AGENT_UNIT, Containerd, Systemd};
 use crate::exec::{Fed, start_agent, write_units};
+use crate::ignition::BOOTSTRAP_DIR;
 use crate::machine::agent::{AgentBuild, Arch, InstallMode, Slot};
 use crate::machine::input::JoinRequest;
 use crate::machine::state::Goal;
@@ -27,26 +29,77 @@ use std::time::{Duration, Instant};
 /// How long `join` waits for the agent it started to report ready.
 const AGENT_READY: Duration = Duration::from_secs(180);
 
-pub fn run(state: &Path, config: &Path) -> ExitCode {
-    super::block_on("join", join(state, config))
+/// The first retry's delay under `--backoff`, doubled per failure up to the cap.
+const BACKOFF_FIRST: Duration = Duration::from_secs(10);
+const BACKOFF_MAX: Duration = Duration::from_secs(300);
+
+pub fn run(state: &Path, config: &Path, backoff: bool) -> ExitCode {
+    super::block_on("join", async move {
+        let failures = state.with_file_name("bootstrap-failures");
+        if backoff {
+            wait_out_failures(&failures).await;
+        }
+        let result = join(state, config).await;
+        if backoff {
+            record_attempt(&failures, &result);
+        }
+        result
+    })
+}
+
+/// systemd 252 has no growing `RestartSec`: the failures the bootstrap unit's attempts met
+/// are counted in a file beside the store, and each retry waits longer than the last.
+async fn wait_out_failures(failures: &Path) {
+    let n = failures_so_far(failures);
+    if n == 0 {
+        return;
+    }
+    let delay = BACKOFF_FIRST
+        .saturating_mul(1 << (n - 1).min(8))
+        .min(BACKOFF_MAX);
+    println!(
+        "flexnode: {n} earlier attempt(s) failed; trying again in {} s",
+        delay.as_secs()
+    );
+    tokio::time::sleep(delay).await;
+}
+
+fn failures_so_far(failures: &Path) -> u32 {
+    std::fs::read_to_string(failures)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Success and impossible settings start the count over; other failures add one. A count
+/// that cannot be written only costs the delay.
+fn record_attempt(failures: &Path, result: &Result<(), Failure>) {
+    let outcome = match result {
+        Err(f) if f.code != super::EXIT_CONFIG => {
+            let n = failures_so_far(failures).saturating_add(1);
+            write_file_atomic(failures, format!("{n}\n").as_bytes(), 0o600)
+        }
+        _ => remove_no_follow(failures),
+    };
+    if let Err(e) = outcome {
+        eprintln!("flexnode join: cannot record the attempt: {e}");
+    }
 }
 
 async fn join(state: &Path, path: &Path) -> Result<(), Failure> {
     let config = Config::load(path, &wiring::hostname()).map_err(impossible)?;
-    if config.install_mode == InstallMode::Container {
-        // `flexnode ignition` renders a container install's first boot; its join is not built yet.
-        return Err(impossible(setting(
-            "installMode",
-            "joining a container install is not available in this release; use \"host\"",
-        )));
-    }
+    let agent = agent_to_install(config.install_mode)?;
     wiring::require_root("join")?;
-    preflight()?;
+    preflight(config.install_mode)?;
     let client = client_from_kubeconfig(&config.kubeconfig)
         .await
         .map_err(|e| impossible(setting("kubeconfig", format!("cannot use it: {e}"))))?;
     let goal = adopt_or_create_machine(&client, &config).await?;
     let fx = wiring::host_effects(&config).await?;
+    // The container units run the image by its local name.
+    if let AgentBuild::Image { digest } = &agent {
+        fx.containerd.name_agent_image(digest).await?;
+    }
 
     if let Some((joined, mode)) = joined_as(state)? {
         if joined != config.node_name {
@@ -58,11 +111,11 @@ async fn join(state: &Path, path: &Path) -> Result<(), Failure> {
             )));
         }
         install_files(&config)?;
-        return converge(&fx, mode).await;
+        converge(&fx, mode).await?;
+        return remove_bootstrap_inputs(path);
     }
 
     install_files(&config)?;
-    let agent = wiring::running().unwrap_or(AgentBuild::Slot { slot: Slot::Blue });
     let systemd = fx.systemd.clone();
     // An earlier join that died half-way is finished first.
     let mut runner = wiring::join_runner(state, &config.node_name, client, fx).await?;
@@ -107,22 +160,69 @@ async fn join(state: &Path, path: &Path) -> Result<(), Failure> {
         "flexnode: joined {} (Kubernetes {}); {AGENT_UNIT} is active",
         config.node_name, config.kubernetes_version
     );
-    Ok(())
+    remove_bootstrap_inputs(path)
+}
+
+/// The first build: on the host install this executable (copied into a slot); on the
+/// container install the image this process runs in, which only its bootstrap unit (or an
+/// operator's `ctr run` of the same shape) provides.
+fn agent_to_install(mode: InstallMode) -> Result<AgentBuild, Failure> {
+    match (mode, wiring::host_root().is_some(), wiring::running()) {
+        (InstallMode::Host, false, running) => {
+            Ok(running.unwrap_or(AgentBuild::Slot { slot: Slot::Blue }))
+        }
+        (InstallMode::Container, true, Some(image @ AgentBuild::Image { .. })) => Ok(image),
+        (InstallMode::Container, true, _) => Err(impossible(setting(
+            "installMode",
+            format!(
+                "this container does not say which image it runs ({AGENT_IMAGE_VAR}=…@sha256:…)"
+            ),
+        ))),
+        (InstallMode::Container, false, _) => Err(impossible(setting(
+            "installMode",
+            "a container install joins from a container of the agent's image: its bootstrap \
+             unit (`flexnode ignition`) runs this join",
+        ))),
+        (InstallMode::Host, true, _) => Err(impossible(setting(
+            "installMode",
+            "\"host\" installs the agent on the host; from a container, use \"container\"",
+        ))),
+    }
 }
 
 /// Host prerequisites a join cannot do without (before anything is changed).
-fn preflight() -> anyhow::Result<()> {
-    for (path, why) in [
+fn preflight(mode: InstallMode) -> anyhow::Result<()> {
+    let mut needs = vec![
         (
             "/usr/bin/systemd-nspawn",
             "systemd-nspawn (package systemd-container) runs the node's machines",
         ),
         ("/run/systemd/system", "systemd must be the init system"),
-    ] {
+    ];
+    if mode == InstallMode::Container {
+        needs.push((
+            wiring::CONTAINERD_SOCKET,
+            "containerd runs the agent's containers",
+        ));
+    }
+    for (path, why) in needs {
         anyhow::ensure!(
-            Path::new(path).exists(),
+            wiring::on_host(path).exists(),
             "preflight: {path} is missing: {why}"
         );
+    }
+    Ok(())
+}
+
+/// The container install's bootstrap inputs (a token-bearing kubeconfig among them) go once
+/// the node is joined: everything was copied to `/etc/flexnode`, and the bootstrap unit's
+/// condition then keeps it from running again.
+fn remove_bootstrap_inputs(config: &Path) -> Result<(), Failure> {
+    let dir = Path::new(BOOTSTRAP_DIR);
+    if config.starts_with(dir) {
+        remove_tree(dir)?;
+        sync_existing_dir(dir.parent().unwrap_or(Path::new("/")))?;
+        println!("flexnode: removed the bootstrap inputs ({BOOTSTRAP_DIR})");
     }
     Ok(())
 }

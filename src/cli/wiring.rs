@@ -5,10 +5,12 @@
 use crate::config::Config;
 use crate::effects::archive::ArchiveFetcher;
 use crate::effects::containerd::{DEFAULT_NAMESPACE, LazyContainerd, RegistryConfig};
-use crate::effects::host::{FsHost, HostLayout, running_build};
+use crate::effects::host::{
+    AGENT_IMAGE_VAR, FsHost, HostLayout, image_ref_digest, resolve_in_root, running_build,
+};
 use crate::effects::http::Trust;
 use crate::effects::kube::KubePublisher;
-use crate::effects::systemd::DbusSystemd;
+use crate::effects::systemd::{DEFAULT_UNIT_DIR, DbusSystemd};
 use crate::effects::{Containerd, Effects, Host, Systemd};
 use crate::exec::{Runner, SystemClock};
 use crate::machine::NodeState;
@@ -16,10 +18,13 @@ use crate::machine::agent::AgentBuild;
 use crate::reconcile::client_from_kubeconfig;
 use crate::reconcile::owner::KubeRunner;
 use crate::store::{Store, StoreError, StoreReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
+/// Where a process in a container of the agent's image sees the host's root (the container
+/// units bind it there); unset on the host install.
+pub const HOST_ROOT_VAR: &str = "FLEXNODE_HOST_ROOT";
 
 /// How long a starting daemon waits for the store held by the command that started it.
 const DAEMON_STORE_PATIENCE: Duration = Duration::from_secs(120);
@@ -45,12 +50,35 @@ pub async fn host_effects(config: &Config) -> anyhow::Result<HostEffects> {
         trust: trust.clone(),
         credentials: config.registry_credentials_file.clone(),
     };
+    // In a container, the host's files are reached under its root, never through a link
+    // that leads back into the container's own.
+    let (layout, unit_dir) = match host_root() {
+        None => (HostLayout::at("/"), PathBuf::from(DEFAULT_UNIT_DIR)),
+        Some(root) => (
+            HostLayout::confined(&root)?,
+            resolve_in_root(&root, Path::new(DEFAULT_UNIT_DIR))?,
+        ),
+    };
     Ok(HostEffects {
-        systemd,
+        systemd: systemd.with_unit_dir(unit_dir),
         containerd: LazyContainerd::new(CONTAINERD_SOCKET, DEFAULT_NAMESPACE, registry),
-        host: FsHost::new(HostLayout::at("/"))
-            .with_fetcher(ArchiveFetcher::new().with_trust(trust)),
+        host: FsHost::new(layout).with_fetcher(ArchiveFetcher::new().with_trust(trust)),
     })
+}
+
+/// The host's root as this process sees it when it runs in a container of the agent's image.
+pub fn host_root() -> Option<PathBuf> {
+    std::env::var_os(HOST_ROOT_VAR)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+/// A host path as this process reaches it (under [`host_root`] in a container).
+pub fn on_host(path: &str) -> PathBuf {
+    match host_root() {
+        None => PathBuf::from(path),
+        Some(root) => resolve_in_root(&root, Path::new(path)).unwrap_or_else(|_| root.join(path)),
+    }
 }
 
 /// The daemon's executor: `systemd`, `containerd` and `host` with the API server as
@@ -128,8 +156,12 @@ pub async fn agent_command_runner(
 }
 
 /// Which installed build this process is, or `None` when it runs from elsewhere (a copy the
-/// operator runs `join` from).
+/// operator runs `join` from). In a container: the image its unit names (`AGENT_IMAGE_VAR`).
 pub fn running() -> Option<AgentBuild> {
+    if host_root().is_some() {
+        let image = std::env::var(AGENT_IMAGE_VAR).ok()?;
+        return image_ref_digest(&image).map(|digest| AgentBuild::Image { digest });
+    }
     let exe = std::env::current_exe().ok()?;
     running_build(&HostLayout::at("/"), &exe)
 }

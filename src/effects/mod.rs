@@ -73,8 +73,12 @@ pub struct MachineStatus {
 
 /// systemd over D-Bus (manager, login1, machine1).
 pub trait Systemd: Send + Sync {
-    /// Writes a unit file atomically.
-    fn write_unit(&self, name: &str, contents: &str) -> impl Future<Output = EffectResult> + Send;
+    /// Writes a unit file atomically unless it already holds `contents`; whether it changed.
+    fn write_unit(
+        &self,
+        name: &str,
+        contents: &str,
+    ) -> impl Future<Output = EffectResult<bool>> + Send;
     /// Removes a unit file; absent is fine.
     fn remove_unit(&self, name: &str) -> impl Future<Output = EffectResult> + Send;
     /// Whether the unit file `name` is installed (written, not removed since).
@@ -82,6 +86,9 @@ pub trait Systemd: Send + Sync {
     /// Whether `unit` is enabled (its install symlinks exist); an unknown unit is not.
     fn is_enabled(&self, unit: &str) -> impl Future<Output = EffectResult<bool>> + Send;
     fn daemon_reload(&self) -> impl Future<Output = EffectResult> + Send;
+    /// Whether systemd runs `unit` from an older text of its file than the one on disk
+    /// (`NeedDaemonReload`); a unit it has not loaded does not.
+    fn needs_reload(&self, unit: &str) -> impl Future<Output = EffectResult<bool>> + Send;
     fn enable(&self, unit: &str) -> impl Future<Output = EffectResult> + Send;
     fn disable(&self, unit: &str) -> impl Future<Output = EffectResult> + Send;
     /// Starts a unit and waits for its job to finish.
@@ -130,6 +137,10 @@ pub trait Containerd: Send + Sync {
     /// The candidate's self-check: the pulled image's `flexnode version` in a short-lived
     /// container, within a time limit; what it printed.
     fn check_image(&self, digest: &Sha256Hex) -> impl Future<Output = EffectResult<String>> + Send;
+    /// Gives agent image `digest` (already in containerd, however it came) its local name,
+    /// which the container units run (`effects::host::AGENT_IMAGE_NAME`); the name is removed
+    /// with the image only if the agent pulled it.
+    fn name_agent_image(&self, digest: &Sha256Hex) -> impl Future<Output = EffectResult> + Send;
     /// Removes an image the agent pulled; others are never touched.
     fn remove_agent_image(&self, digest: &Sha256Hex) -> impl Future<Output = EffectResult> + Send;
 }

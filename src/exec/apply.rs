@@ -16,12 +16,26 @@ fn store_failed(e: StoreError) -> EffectError {
 }
 
 /// `WriteUnits`: the install mode's units as this build ships them, dependencies first, then
-/// one reload. Also what `flexnode join` converges a joined host with.
-pub async fn write_units(systemd: &impl Systemd, mode: InstallMode) -> EffectResult {
-    for (name, contents) in crate::units::for_mode(mode) {
-        systemd.write_unit(name, contents).await?;
+/// one reload if anything changed; whether it reloaded. Also what `flexnode join` converges a
+/// joined host with, and what the daemon does at every start (after judging a hand-off, so a
+/// broken successor never rewrites the recovery unit).
+pub async fn write_units(systemd: &impl Systemd, mode: InstallMode) -> EffectResult<bool> {
+    let units = crate::units::for_mode(mode);
+    let mut reload = false;
+    for (name, contents) in units {
+        reload |= systemd.write_unit(name, contents).await?;
     }
-    systemd.daemon_reload().await
+    // A crash between a write and the reload leaves systemd on the older text: probe it.
+    for (name, _) in units {
+        if reload {
+            break;
+        }
+        reload = systemd.needs_reload(name).await?;
+    }
+    if reload {
+        systemd.daemon_reload().await?;
+    }
+    Ok(reload)
 }
 
 /// `StartAgent`: enabled, and started without waiting (the agent waits for the store the
@@ -88,7 +102,7 @@ where
                 other => other,
             },
             Effect::InstallAgent { mode, build } => fx.host.install_agent(*mode, build).await,
-            Effect::WriteUnits { mode } => write_units(&fx.systemd, *mode).await,
+            Effect::WriteUnits { mode } => write_units(&fx.systemd, *mode).await.map(drop),
             Effect::StartAgent => start_agent(&fx.systemd).await,
             Effect::StageAgent { target, candidate } => {
                 match target {
@@ -106,6 +120,7 @@ where
                                 .record_agent_image(digest.as_str(), &image.pinned(digest), now)
                                 .map_err(store_failed)?;
                         }
+                        fx.containerd.name_agent_image(digest).await?;
                     }
                 }
                 let version = match candidate {

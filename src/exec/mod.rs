@@ -6,7 +6,7 @@ mod apply;
 pub use apply::{start_agent, write_units};
 
 use crate::effects::{Containerd, EffectError, Effects, Host, Publisher, Systemd};
-use crate::machine::agent::AgentBuild;
+use crate::machine::agent::{AgentBuild, Sha256Hex};
 use crate::machine::policy::Policy;
 use crate::machine::{Input, NodeState, Refusal, Timestamp, step};
 use crate::store::{Intent, Store, StoreError};
@@ -139,7 +139,8 @@ where
     }
 
     /// Daemon start-up: finish an interrupted step, publish what waits, then tell the core
-    /// which build runs (the successor's judgement of a hand-off happens here).
+    /// which build runs (the successor's judgement of a hand-off happens here); then, on a
+    /// node at rest, this build's units and image hygiene.
     pub async fn start(&mut self, running: AgentBuild) -> Result<Fed, ExecError> {
         self.resume().await?;
         self.flush_outbox().await?;
@@ -149,7 +150,73 @@ where
             );
             return Ok(Fed::Accepted(Box::new(self.state()?)));
         }
-        self.feed(Input::DaemonStarted { running }).await
+        let fed = self.feed(Input::DaemonStarted { running }).await?;
+        self.converge_units().await?;
+        self.prune_agent_images().await?;
+        Ok(fed)
+    }
+
+    /// The agent's units as this build ships them, at every daemon start once a hand-off is
+    /// judged (so a broken successor never rewrites the recovery unit): only on a node at
+    /// rest — during an operation the build that finishes it writes its own — and not while
+    /// a restart is pending. A failed write leaves the previous units and is logged.
+    pub async fn converge_units(&mut self) -> Result<(), ExecError> {
+        if self.restart_requested {
+            return Ok(());
+        }
+        let NodeState::Ready { node } = self.state()? else {
+            return Ok(());
+        };
+        match write_units(&self.effects.systemd, node.mode).await {
+            Ok(true) => tracing::info!(
+                mode = node.mode.as_str(),
+                "units rewritten; systemd reloaded"
+            ),
+            Ok(false) => {}
+            Err(EffectError::Crashed) => return Err(ExecError::Crashed),
+            Err(EffectError::Failed(message)) => {
+                tracing::warn!(%message, "the agent's units were not rewritten")
+            }
+        }
+        Ok(())
+    }
+
+    /// Image hygiene at every daemon start, on a node at rest: the images upgrades pulled
+    /// that nothing will run again (neither the running build nor its last-good) are removed
+    /// from containerd, then forgotten. Images the agent did not pull are never touched. A
+    /// failure is logged; the next start tries again.
+    pub async fn prune_agent_images(&mut self) -> Result<(), ExecError> {
+        if self.restart_requested {
+            return Ok(());
+        }
+        let NodeState::Ready { node } = self.state()? else {
+            return Ok(());
+        };
+        let kept = |d: &Sha256Hex| {
+            [Some(&node.agent), node.last_good.as_ref()]
+                .into_iter()
+                .flatten()
+                .any(|b| matches!(b, AgentBuild::Image { digest } if digest == d))
+        };
+        for stored in self.store.agent_images()? {
+            let Some(digest) = Sha256Hex::parse(&stored) else {
+                continue;
+            };
+            if kept(&digest) {
+                continue;
+            }
+            match self.effects.containerd.remove_agent_image(&digest).await {
+                Ok(()) => {
+                    self.store.forget_agent_image(&stored)?;
+                    tracing::info!(image = %digest.oci(), "removed an agent image nothing will run again");
+                }
+                Err(EffectError::Crashed) => return Err(ExecError::Crashed),
+                Err(EffectError::Failed(message)) => {
+                    tracing::warn!(image = %digest.oci(), %message, "agent image not removed")
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Whether this process scheduled or requested its own restart.

@@ -12,13 +12,15 @@ use crate::machine::result::{MachinePhase, OpResult};
 use crate::machine::state::{OpRef, Side};
 
 impl Systemd for SimHost {
-    async fn write_unit(&self, name: &str, contents: &str) -> EffectResult {
+    async fn write_unit(&self, name: &str, contents: &str) -> EffectResult<bool> {
         self.run("write_unit", name, |w| {
             check_unit_name(name)?;
             let u = w.units.entry(name.to_string()).or_default();
+            let changed = !(u.file && u.contents == contents);
             u.contents = contents.to_string();
             u.file = true;
-            Ok(())
+            u.stale |= changed;
+            Ok(changed)
         })
     }
 
@@ -55,8 +57,14 @@ impl Systemd for SimHost {
     async fn daemon_reload(&self) -> EffectResult {
         self.run("daemon_reload", "", |w| {
             w.reloads += 1;
+            w.units.values_mut().for_each(|u| u.stale = false);
             Ok(())
         })
+    }
+
+    async fn needs_reload(&self, unit: &str) -> EffectResult<bool> {
+        self.read("needs_reload", unit)?;
+        Ok(self.world().units.get(unit).is_some_and(|u| u.stale))
     }
 
     async fn enable(&self, unit: &str) -> EffectResult {
@@ -229,6 +237,18 @@ impl Containerd for SimHost {
             .get(digest.as_str())
             .map(|b| format!("flexnode {}", b.version))
             .ok_or_else(|| EffectError::Failed(format!("image {} is not pulled", digest.oci())))
+    }
+
+    async fn name_agent_image(&self, digest: &Sha256Hex) -> EffectResult {
+        self.read("name_agent_image", digest.short())?;
+        if self.world().images.contains_key(digest.as_str()) {
+            Ok(())
+        } else {
+            Err(EffectError::Failed(format!(
+                "image {} is not in containerd",
+                digest.oci()
+            )))
+        }
     }
 
     async fn remove_agent_image(&self, digest: &Sha256Hex) -> EffectResult {

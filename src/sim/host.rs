@@ -233,17 +233,17 @@ impl SimHost {
         }
     }
 
-    pub(super) fn run(
+    pub(super) fn run<T>(
         &self,
         call: &'static str,
         detail: &str,
-        f: impl FnOnce(&mut World) -> EffectResult,
-    ) -> EffectResult {
+        f: impl FnOnce(&mut World) -> EffectResult<T>,
+    ) -> EffectResult<T> {
         let fault = self.enter(call, detail)?;
-        f(&mut self.world())?;
+        let out = f(&mut self.world())?;
         match fault {
             Some(FaultKind::CrashAfter) => Err(EffectError::Crashed),
-            Some(FaultKind::Fail | FaultKind::CrashBefore) | None => Ok(()),
+            Some(FaultKind::Fail | FaultKind::CrashBefore) | None => Ok(out),
         }
     }
 }

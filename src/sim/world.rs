@@ -32,6 +32,8 @@ pub struct SimUnit {
     pub fails: bool,
     /// The last start failed (cleared by `reset_failed` or a successful start).
     pub failed: bool,
+    /// The file changed since the last daemon-reload.
+    pub stale: bool,
 }
 
 /// A transient timer made by `schedule_restart`. The simulated systemd fires it once its time

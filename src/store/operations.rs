@@ -162,6 +162,15 @@ impl Store {
             .is_some())
     }
 
+    /// The digests of the images upgrades pulled, oldest first.
+    pub fn agent_images(&self) -> Result<Vec<String>, StoreError> {
+        let conn = self.conn();
+        let mut stmt =
+            conn.prepare("SELECT digest FROM agent_images ORDER BY pulled_at, digest")?;
+        let rows = stmt.query_map([], |r| r.get(0))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
     pub fn forget_agent_image(&self, digest: &str) -> Result<(), StoreError> {
         self.conn().execute(
             "DELETE FROM agent_images WHERE digest = ?1",

@@ -60,6 +60,7 @@ pub async fn run_all<F: SystemdFixture>(implementation: &'static str, fx: &F) {
             reset_failed_of_an_unknown_unit_is_ok,
             enable_and_disable_are_idempotent,
             unit_file_present_follows_write_and_remove,
+            a_changed_unit_file_needs_a_reload,
             enable_without_a_unit_file_fails,
             remove_unit_is_idempotent,
             a_removed_unit_cannot_start,
@@ -265,6 +266,34 @@ pub async fn unit_file_present_follows_write_and_remove<F: SystemdFixture>(fx: &
         "unit_file_present of a path",
         sd.unit_file_present("../fxc-present.service").await,
     );
+}
+
+/// write_unit says whether the file changed; a loaded unit whose file changed needs a
+/// daemon-reload until one happens (what the daemon probes at start); an unknown unit does not.
+pub async fn a_changed_unit_file_needs_a_reload<F: SystemdFixture>(fx: &F) {
+    let sd = fx.systemd();
+    let unit = "fxc-reload.service";
+    install(sd, unit).await;
+    sd.start(unit).await.expect("start");
+    let needs = |u: &'static str| async move { sd.needs_reload(u).await.expect("needs_reload") };
+    assert!(!needs(unit).await, "right after a reload");
+    assert!(
+        !sd.write_unit(unit, &service(unit)).await.expect("write"),
+        "the same text again is no change"
+    );
+    assert!(!needs(unit).await, "after rewriting the same text");
+    assert!(
+        sd.write_unit(unit, &service("fxc-reload v2"))
+            .await
+            .expect("write"),
+        "a new text is a change"
+    );
+    assert!(needs(unit).await, "a loaded unit whose file changed");
+    sd.daemon_reload().await.expect("daemon_reload");
+    assert!(!needs(unit).await, "after the reload");
+    assert!(!needs("fxc-never-written.service").await, "an unknown unit");
+    sd.stop(unit).await.expect("stop");
+    sd.remove_unit(unit).await.expect("remove_unit");
 }
 
 /// There is nothing to enable without a unit file: Failed, naming the unit.

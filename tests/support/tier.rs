@@ -22,6 +22,9 @@ pub enum Tier {
     Qemu,
     /// The host-install suite: a QEMU guest joined to a control plane (`e2e/run host`).
     HostSuite,
+    /// The container-install suite: a QEMU guest provisioned by Ignition, joined from a
+    /// container (`e2e/container/run suite`).
+    ContainerSuite,
 }
 
 impl Tier {
@@ -32,6 +35,7 @@ impl Tier {
             Self::Containerd | Self::ContainerdV2 => "FLEXNODE_SKIP_CONTAINERD",
             Self::Qemu => "FLEXNODE_SKIP_QEMU",
             Self::HostSuite => "FLEXNODE_SKIP_HOST_SUITE",
+            Self::ContainerSuite => "FLEXNODE_SKIP_CONTAINER_SUITE",
         }
     }
 
@@ -43,7 +47,7 @@ impl Tier {
             Self::Containerd => &[&["e2e/containerd/run", "check"]],
             Self::ContainerdV2 => &[&["e2e/containerd/run", "check", "--v2"]],
             Self::Qemu => &[&["e2e/qemu/run", "check"]],
-            Self::HostSuite => &[
+            Self::HostSuite | Self::ContainerSuite => &[
                 &["e2e/controlplane/run", "check"],
                 &["e2e/qemu/run", "check"],
             ],

@@ -49,6 +49,10 @@ impl Containerd for LazyContainerd {
         self.client().await?.check_image(digest).await
     }
 
+    async fn name_agent_image(&self, digest: &Sha256Hex) -> EffectResult {
+        self.client().await?.name_agent_image(digest).await
+    }
+
     async fn remove_agent_image(&self, digest: &Sha256Hex) -> EffectResult {
         self.client().await?.remove_agent_image(digest).await
     }

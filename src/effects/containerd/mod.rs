@@ -39,19 +39,21 @@ pub use check::{AGENT_BINARY, DEFAULT_CHECK_DIR, DEFAULT_CHECK_TIMEOUT};
 pub use container::{StopOutcome, TaskIo, TaskState};
 pub use lazy::LazyContainerd;
 pub use progress::{PROGRESS_EVERY, ProgressFn, PullProgress};
-pub use registry::RegistryConfig;
+pub use registry::{RegistryConfig, basic_credentials};
 pub use spec::{BindMount, MANAGED_LABEL, MANAGED_VALUE, RUNC_RUNTIME, SPEC_TYPE_URL};
 
+use super::host::agent_image_ref;
 use super::{Containerd, EffectError, EffectResult};
 use crate::machine::agent::Sha256Hex;
 use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClient;
 use containerd_client::services::v1::{
-    DeleteImageRequest, Image, ListImagesRequest, content_client::ContentClient,
-    images_client::ImagesClient,
+    CreateImageRequest, DeleteImageRequest, Image, ListImagesRequest,
+    content_client::ContentClient, images_client::ImagesClient,
 };
 use containerd_client::tonic::{Code, Request, Status, transport::Channel};
 use progress::{ProgressSink, log_progress};
 use sha2::{Digest as _, Sha256};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -232,6 +234,18 @@ impl GrpcContainerd {
 
     /// Every image record whose target is `digest`, and whether the agent pulled it.
     pub async fn image_records(&self, digest: &Sha256Hex) -> EffectResult<Vec<ImageRecord>> {
+        Ok(self
+            .images_of(digest)
+            .await?
+            .into_iter()
+            .map(|i| ImageRecord {
+                agent_pulled: is_agent_pulled(&i),
+                name: i.name,
+            })
+            .collect())
+    }
+
+    async fn images_of(&self, digest: &Sha256Hex) -> EffectResult<Vec<Image>> {
         let filter = format!("target.digest==\"{}\"", digest.oci());
         let list = self
             .images()
@@ -248,10 +262,6 @@ impl GrpcContainerd {
             .images
             .into_iter()
             .filter(|i| i.target.as_ref().map(|t| t.digest.as_str()) == Some(&digest.oci()))
-            .map(|i| ImageRecord {
-                agent_pulled: is_agent_pulled(&i),
-                name: i.name,
-            })
             .collect())
     }
 }
@@ -282,6 +292,53 @@ impl Containerd for GrpcContainerd {
     /// records the agent did not pull: refused.
     async fn check_image(&self, digest: &Sha256Hex) -> EffectResult<String> {
         GrpcContainerd::check_image(self, digest).await
+    }
+
+    /// A record named `AGENT_IMAGE_NAME@digest` beside the one it came by, labelled as pulled
+    /// by the agent only when that one is.
+    async fn name_agent_image(&self, digest: &Sha256Hex) -> EffectResult {
+        let name = agent_image_ref(digest);
+        let records = self.images_of(digest).await?;
+        if records.iter().any(|i| i.name == name) {
+            return Ok(());
+        }
+        let source = records
+            .iter()
+            .find(|i| is_agent_pulled(i))
+            .or(records.first())
+            .ok_or_else(|| {
+                EffectError::Failed(format!(
+                    "image {} is not in containerd (namespace {})",
+                    digest.oci(),
+                    self.namespace
+                ))
+            })?;
+        let labels = if is_agent_pulled(source) {
+            HashMap::from([(PULLED_BY_LABEL.to_string(), PULLED_BY_VALUE.to_string())])
+        } else {
+            HashMap::new()
+        };
+        let image = Image {
+            name: name.clone(),
+            labels,
+            target: source.target.clone(),
+            ..Default::default()
+        };
+        match self
+            .images()
+            .create(self.req(
+                CreateImageRequest {
+                    image: Some(image),
+                    source_date_epoch: None,
+                },
+                None,
+            ))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(s) if s.code() == Code::AlreadyExists => Ok(()),
+            Err(s) => Err(grpc_failed(&format!("create image {name}"), &s)),
+        }
     }
 
     async fn remove_agent_image(&self, digest: &Sha256Hex) -> EffectResult {

@@ -435,11 +435,22 @@ fn credentials(file: Option<&Path>, registry: &str) -> EffectResult<RegistryAuth
     }
     let text = crate::effects::fs::read_small(path, 1 << 20, true)?
         .ok_or_else(|| failed("vanished while being read"))?;
-    // Parse errors are not shown: they quote the input.
-    let doc: serde_json::Value =
-        serde_json::from_str(&text).map_err(|_| failed("not valid JSON"))?;
+    Ok(match basic_credentials(&text, registry).map_err(failed)? {
+        Some((user, pass)) => RegistryAuth::Basic(user, pass),
+        None => RegistryAuth::Anonymous,
+    })
+}
+
+/// The user and password for `registry` in a Docker `config.json`-shaped document (`auth`
+/// = base64 `user:password`, or `username` and `password`); `None` when it has no entry.
+/// The error never quotes the document: it holds passwords.
+pub fn basic_credentials(
+    doc: &str,
+    registry: &str,
+) -> Result<Option<(String, String)>, &'static str> {
+    let doc: serde_json::Value = serde_json::from_str(doc).map_err(|_| "not valid JSON")?;
     let Some(entry) = doc.get("auths").and_then(|a| a.get(registry)) else {
-        return Ok(RegistryAuth::Anonymous);
+        return Ok(None);
     };
     let field = |k: &str| {
         entry
@@ -448,19 +459,16 @@ fn credentials(file: Option<&Path>, registry: &str) -> EffectResult<RegistryAuth
             .filter(|s| !s.is_empty())
     };
     if let (Some(user), Some(pass)) = (field("username"), field("password")) {
-        return Ok(RegistryAuth::Basic(user.to_string(), pass.to_string()));
+        return Ok(Some((user.to_string(), pass.to_string())));
     }
-    let encoded =
-        field("auth").ok_or_else(|| failed("the entry has neither auth nor username/password"))?;
+    let encoded = field("auth").ok_or("the entry has neither auth nor username/password")?;
     use base64::Engine;
     let decoded = base64::engine::general_purpose::STANDARD
         .decode(encoded.trim())
-        .map_err(|_| failed("auth is not base64"))?;
-    let decoded = String::from_utf8(decoded).map_err(|_| failed("auth is not UTF-8"))?;
-    let (user, pass) = decoded
-        .split_once(':')
-        .ok_or_else(|| failed("auth is not user:password"))?;
-    Ok(RegistryAuth::Basic(user.to_string(), pass.to_string()))
+        .map_err(|_| "auth is not base64")?;
+    let decoded = String::from_utf8(decoded).map_err(|_| "auth is not UTF-8")?;
+    let (user, pass) = decoded.split_once(':').ok_or("auth is not user:password")?;
+    Ok(Some((user.to_string(), pass.to_string())))
 }
 
 #[cfg(test)]

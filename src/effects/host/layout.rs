@@ -1,28 +1,62 @@
 //! Where the host install keeps everything, under a root prefix (`/` in production).
 
 use super::machines::MACHINE_MARKER;
+use super::root::resolve_in_root;
 use crate::effects::archive::BINARY_NAME;
 use crate::effects::fs::io_failed;
 use crate::effects::{EffectError, EffectResult};
-use crate::machine::agent::{AgentBuild, Slot};
+use crate::machine::agent::{AgentBuild, Sha256Hex, Slot};
 use crate::machine::state::Side;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
-/// The variable of the container install's image selection files.
+/// The variable of the container install's image selection files, and of the agent's
+/// container environment: the image it runs.
 pub const AGENT_IMAGE_VAR: &str = "FLEXNODE_AGENT_IMAGE";
+/// The local name containerd knows every agent image by (`NAME@sha256:…`, whatever registry
+/// it came from), which the container units run. `.invalid` never resolves: nothing is ever
+/// pulled by this name.
+pub const AGENT_IMAGE_NAME: &str = "flexnode.invalid/agent";
 /// Target of `bin/flexnode`.
 pub const BIN_LINK_TARGET: &str = "../current/flexnode";
 /// Where the agent's files live, under a root prefix.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HostLayout {
     pub(super) root: PathBuf,
+    agent: PathBuf,
+    runtime: PathBuf,
+    machines: PathBuf,
+    nspawn: PathBuf,
 }
 
 impl HostLayout {
-    /// All paths under `root` (`/` in production).
+    /// All paths under `root` (`/` in production), joined as they are.
     pub fn at(root: impl Into<PathBuf>) -> Self {
-        Self { root: root.into() }
+        let root = root.into();
+        Self {
+            agent: root.join(AGENT_DIR),
+            runtime: root.join(RUNTIME_DIR),
+            machines: root.join(MACHINES_DIR),
+            nspawn: root.join(NSPAWN_DIR),
+            root,
+        }
+    }
+
+    /// The host's root bound at `root` (the container install's `/host`): each base
+    /// directory resolved inside it (`resolve_in_root`), so no host symlink leads out.
+    pub fn confined(root: impl Into<PathBuf>) -> EffectResult<Self> {
+        let root = root.into();
+        let resolve = |p: &str| {
+            resolve_in_root(&root, Path::new(p))
+                .map_err(|e| io_failed("resolve", &root.join(p), &e))
+        };
+        Ok(Self {
+            agent: resolve(AGENT_DIR)?,
+            runtime: resolve(RUNTIME_DIR)?,
+            machines: resolve(MACHINES_DIR)?,
+            nspawn: resolve(NSPAWN_DIR)?,
+            root,
+        })
     }
 
     pub fn root(&self) -> &Path {
@@ -31,7 +65,7 @@ impl HostLayout {
 
     /// `<root>/opt/flexnode`
     pub fn agent_dir(&self) -> PathBuf {
-        self.root.join("opt/flexnode")
+        self.agent.clone()
     }
 
     pub fn lib_dir(&self) -> PathBuf {
@@ -64,7 +98,7 @@ impl HostLayout {
 
     /// `<root>/etc/flexnode`
     pub fn runtime_dir(&self) -> PathBuf {
-        self.root.join("etc/flexnode")
+        self.runtime.clone()
     }
 
     pub fn agent_image_env(&self) -> PathBuf {
@@ -76,7 +110,7 @@ impl HostLayout {
     }
 
     pub fn machines_dir(&self) -> PathBuf {
-        self.root.join("var/lib/machines")
+        self.machines.clone()
     }
 
     pub fn machine_dir(&self, side: Side) -> PathBuf {
@@ -88,12 +122,27 @@ impl HostLayout {
     }
 
     pub fn nspawn_dir(&self) -> PathBuf {
-        self.root.join("etc/systemd/nspawn")
+        self.nspawn.clone()
     }
 
     pub fn nspawn_file(&self, side: Side) -> PathBuf {
         self.nspawn_dir().join(format!("{}.nspawn", side.name()))
     }
+}
+
+const AGENT_DIR: &str = "opt/flexnode";
+const RUNTIME_DIR: &str = "etc/flexnode";
+const MACHINES_DIR: &str = "var/lib/machines";
+const NSPAWN_DIR: &str = "etc/systemd/nspawn";
+
+/// The local name of agent image `digest` (`AGENT_IMAGE_NAME@sha256:…`).
+pub fn agent_image_ref(digest: &Sha256Hex) -> String {
+    format!("{AGENT_IMAGE_NAME}@{}", digest.oci())
+}
+
+/// The digest a pinned reference (`…@sha256:<hex>`, or a bare `sha256:<hex>`) names.
+pub fn image_ref_digest(reference: &str) -> Option<Sha256Hex> {
+    Sha256Hex::parse(reference.rsplit_once('@').map_or(reference, |(_, d)| d))
 }
 
 /// Target of `current` / `last-good` for a slot (relative to the agent dir).

@@ -2,6 +2,7 @@
 //! version (a marker records which), moved aside in one step and then deleted.
 
 use super::FsHost;
+use super::root::resolve_in_root;
 use crate::effects::fs::{
     TempFile, create_parents, ensure_real_dir, io_failed, read_small, remove_no_follow,
     remove_tree, replace_symlink, sweep_temps, sync_dir, write_file_atomic,
@@ -31,10 +32,9 @@ impl FsHost {
         if let Some(p) = &self.os_release {
             return Ok(p.clone());
         }
-        let candidates = [
-            self.layout.root.join("usr/lib/os-release"),
-            self.layout.root.join("etc/os-release"),
-        ];
+        let root = &self.layout.root;
+        let candidates = ["usr/lib/os-release", "etc/os-release"]
+            .map(|p| resolve_in_root(root, Path::new(p)).unwrap_or_else(|_| root.join(p)));
         candidates
             .iter()
             .find(|p| p.is_file())

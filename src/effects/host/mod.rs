@@ -22,11 +22,16 @@
 mod candidate;
 mod layout;
 mod machines;
+mod root;
 mod slots;
 
 pub use candidate::{CHECK_OUTPUT_MAX, CHECK_PATH, DEFAULT_CHECK_TIMEOUT};
-pub use layout::{AGENT_IMAGE_VAR, BIN_LINK_TARGET, HostLayout, running_build, slot_link_target};
+pub use layout::{
+    AGENT_IMAGE_NAME, AGENT_IMAGE_VAR, BIN_LINK_TARGET, HostLayout, agent_image_ref,
+    image_ref_digest, running_build, slot_link_target,
+};
 pub use machines::{MACHINE_MARKER, NSPAWN_SETTINGS};
+pub use root::resolve_in_root;
 
 use super::archive::ArchiveFetcher;
 use super::fs::{io_failed, remove_no_follow, remove_tree, sync_existing_dir};

@@ -2,7 +2,10 @@
 //! install's image selection: installing, staging, selecting and discarding builds.
 
 use super::FsHost;
-use super::layout::{AGENT_IMAGE_VAR, BIN_LINK_TARGET, read_slot_link, slot_link_target};
+use super::layout::{
+    AGENT_IMAGE_NAME, AGENT_IMAGE_VAR, BIN_LINK_TARGET, agent_image_ref, image_ref_digest,
+    read_slot_link, slot_link_target,
+};
 use crate::effects::archive::BINARY_NAME;
 use crate::effects::fs::{
     TempFile, create_parents, ensure_mode, ensure_real_dir, io_failed, read_small,
@@ -96,7 +99,7 @@ impl FsHost {
         let dir = self.layout.runtime_dir();
         create_parents(&dir)?;
         ensure_real_dir(&dir, 0o755)?;
-        let contents = format!("{AGENT_IMAGE_VAR}={}\n", digest.oci());
+        let contents = format!("{AGENT_IMAGE_VAR}={}\n", agent_image_ref(digest));
         write_file_atomic(path, contents.as_bytes(), 0o644)
     }
 
@@ -106,11 +109,11 @@ impl FsHost {
         };
         text.lines()
             .filter_map(|line| line.trim().strip_prefix(AGENT_IMAGE_VAR)?.strip_prefix('='))
-            .find_map(|v| Sha256Hex::parse(v.trim_matches('"')))
+            .find_map(|v| image_ref_digest(v.trim_matches('"')))
             .map(|digest| Some(AgentBuild::Image { digest }))
             .ok_or_else(|| {
                 EffectError::Failed(format!(
-                    "{} does not hold {AGENT_IMAGE_VAR}=sha256:<hex>",
+                    "{} does not hold {AGENT_IMAGE_VAR}={AGENT_IMAGE_NAME}@sha256:<hex>",
                     path.display()
                 ))
             })

@@ -21,7 +21,7 @@ use jobs::JobError;
 pub use jobs::JobOutcome;
 pub use machined::{MachineEntry, MachineInfo};
 
-use super::fs::{sync_dir, write_file_atomic};
+use super::fs::{read_small, sync_dir, write_file_atomic};
 use super::{EffectError, EffectResult, MachineStatus, Systemd, check_unit_name, machine_unit};
 use crate::machine::Timestamp;
 use crate::machine::state::Side;
@@ -218,13 +218,15 @@ impl DbusSystemd {
 }
 
 impl Systemd for DbusSystemd {
-    async fn write_unit(&self, name: &str, contents: &str) -> EffectResult {
+    async fn write_unit(&self, name: &str, contents: &str) -> EffectResult<bool> {
         check_unit_name(name)?;
-        let dir = self.unit_dir.clone();
-        let name = name.to_string();
+        let path = self.unit_dir.join(name);
         let contents = contents.to_string();
         tokio::task::spawn_blocking(move || {
-            write_file_atomic(&dir.join(&name), contents.as_bytes(), 0o644)
+            if read_small(&path, 1 << 20, false)?.as_deref() == Some(contents.as_str()) {
+                return Ok(false);
+            }
+            write_file_atomic(&path, contents.as_bytes(), 0o644).map(|()| true)
         })
         .await
         .map_err(|e| EffectError::Failed(format!("write unit: {e}")))?
@@ -272,6 +274,16 @@ impl Systemd for DbusSystemd {
             Err(e) if is_error(&e, NO_SUCH_UNIT) || is_error(&e, FILE_NOT_FOUND) => Ok(false),
             Err(e) => Err(bus_failed(&format!("read the enablement of {unit}"), e)),
         }
+    }
+
+    async fn needs_reload(&self, unit: &str) -> EffectResult<bool> {
+        let Some(proxy) = self.unit_proxy(unit).await? else {
+            return Ok(false);
+        };
+        proxy
+            .need_daemon_reload()
+            .await
+            .map_err(|e| bus_failed(&format!("read NeedDaemonReload of {unit}"), e))
     }
 
     async fn daemon_reload(&self) -> EffectResult {
