@@ -44,6 +44,11 @@ pub struct ConfigFile {
     pub agent_image: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_image_digest: Option<String>,
+    /// The container install's image as an OCI archive on the node's disk (`image/build
+    /// --archive`), imported by the bootstrap unit before it tries the registry: an offline
+    /// install or re-join.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_image_archive: Option<PathBuf>,
 }
 
 /// The container install's image, pinned by digest.
@@ -51,6 +56,8 @@ pub struct ConfigFile {
 pub struct AgentImage {
     pub image: ImageRef,
     pub digest: Sha256Hex,
+    /// An OCI archive holding it, on the node (absolute path).
+    pub archive: Option<PathBuf>,
 }
 
 impl AgentImage {
@@ -137,6 +144,7 @@ impl Config {
                 .map(|_| PathBuf::from(REGISTRY_CREDENTIALS_PATH)),
             agent_image: self.agent_image.as_ref().map(|a| a.image.to_string()),
             agent_image_digest: self.agent_image.as_ref().map(|a| a.digest.oci()),
+            agent_image_archive: self.agent_image.as_ref().and_then(|a| a.archive.clone()),
         }
     }
 }
@@ -153,6 +161,27 @@ impl ConfigFile {
             self.agent_image.as_deref(),
             self.agent_image_digest.as_deref(),
         )?;
+        let agent_image = match (agent_image, self.agent_image_archive) {
+            (image, None) => image,
+            (None, Some(_)) => return Err(bad("agentImageArchive", ONLY_CONTAINER)),
+            // It goes into the bootstrap unit's environment file: one plain word.
+            (Some(_), Some(path))
+                if !path.is_absolute()
+                    || !path.to_str().is_some_and(|p| {
+                        p.bytes()
+                            .all(|b| b.is_ascii_graphic() && !b"\"'$\\`".contains(&b))
+                    }) =>
+            {
+                return Err(bad(
+                    "agentImageArchive",
+                    "must be an absolute path on the node, without spaces, quotes or `$`",
+                ));
+            }
+            (Some(image), Some(path)) => Some(AgentImage {
+                archive: Some(path),
+                ..image
+            }),
+        };
         let node_name = match self.node_name {
             Some(n) => n,
             None => hostname.trim().to_ascii_lowercase(),
@@ -243,7 +272,11 @@ fn agent_image(
             "must be sha256:<64 hexadecimal characters>",
         )
     })?;
-    Ok(Some(AgentImage { image, digest }))
+    Ok(Some(AgentImage {
+        image,
+        digest,
+        archive: None,
+    }))
 }
 
 const ONLY_CONTAINER: &str = "only the container install runs an agent image";
@@ -496,9 +529,38 @@ mod tests {
             ),
             ("agentImage: oci://r.example/a\n".to_string(), "agentImage"),
             (format!("agentImageDigest: {hex}\n"), "agentImageDigest"),
+            (
+                "agentImageArchive: /var/lib/a.tar\n".to_string(),
+                "agentImageArchive",
+            ),
         ] {
             assert_eq!(refused(&extra), setting, "{extra}");
         }
+        // The image on the node's disk: an absolute path, one plain word (it goes into the
+        // bootstrap unit's environment file).
+        let container = format!(
+            "installMode: container\nagentImage: oci://r.example/a\nagentImageDigest: {hex}\n"
+        );
+        for bad in [
+            "a.tar",
+            "/var/lib/my image.tar",
+            "/x/$HOME.tar",
+            "\"/x/a'b.tar\"",
+        ] {
+            assert_eq!(
+                refused(&format!("{container}agentImageArchive: {bad}\n")),
+                "agentImageArchive",
+                "{bad}"
+            );
+        }
+        let c = Config::parse(
+            &format!("{base}{container}agentImageArchive: /var/lib/offline/agent.oci.tar\n"),
+            "h",
+        )
+        .expect("valid");
+        let archive = c.agent_image.as_ref().and_then(|a| a.archive.as_deref());
+        assert_eq!(archive, Some(Path::new("/var/lib/offline/agent.oci.tar")));
+        assert_eq!(c.rendered().agent_image_archive.as_deref(), archive);
     }
 
     #[test]

@@ -20,6 +20,10 @@ pub const BOOTSTRAP_DIR: &str = "/etc/flexnode/bootstrap";
 /// The install settings the bootstrap unit reads (`EnvironmentFile=`).
 pub const INSTALL_ENV: &str = "/etc/flexnode/install.env";
 pub const INSTALL_IMAGE_VAR: &str = "FLEXNODE_INSTALL_IMAGE";
+/// The install image's repository (what `ctr images import --base-name` names it under).
+pub const INSTALL_REPOSITORY_VAR: &str = "FLEXNODE_INSTALL_REPOSITORY";
+/// The OCI archive the bootstrap unit imports first, when the config names one.
+pub const INSTALL_ARCHIVE_VAR: &str = "FLEXNODE_INSTALL_ARCHIVE";
 pub const BOOTSTRAP_UNIT: &str = "flexnode-bootstrap.service";
 /// containerd's registry settings, one directory per registry host (what the bootstrap unit's
 /// `ctr images pull --hosts-dir` reads).
@@ -173,11 +177,17 @@ fn hosts_toml(registry: &str, ca: Option<&str>, basic: Option<(String, String)>)
 }
 
 fn install_env(image: &AgentImage) -> String {
-    format!(
+    let mut env = format!(
         "# The container install's image, by digest (written by `flexnode ignition`).\n\
-         {INSTALL_IMAGE_VAR}={}\n",
-        image.pinned()
-    )
+         {INSTALL_IMAGE_VAR}={}\n{INSTALL_REPOSITORY_VAR}={}/{}\n",
+        image.pinned(),
+        image.image.registry,
+        image.image.repository
+    );
+    if let Some(archive) = &image.archive {
+        env.push_str(&format!("{INSTALL_ARCHIVE_VAR}={}\n", archive.display()));
+    }
+    env
 }
 
 impl Provisioning {

@@ -21,6 +21,6 @@ fn container_install_suite_passes_in_a_fresh_qemu_lab() {
         "e2e/container/run",
         &["suite"],
         "e2e/container/suite.py",
-        13,
+        20,
     );
 }

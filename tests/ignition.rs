@@ -189,11 +189,13 @@ fn the_rendered_first_boot_is_valid_ignition_and_carries_the_inputs() {
     );
     let pinned = format!("127.0.0.1:5000/flexnode@sha256:{HEX}");
     let env = file("/etc/flexnode/install.env");
-    assert!(
-        env.lines()
-            .any(|l| l == format!("FLEXNODE_INSTALL_IMAGE={pinned}")),
-        "{env}"
-    );
+    for line in [
+        format!("FLEXNODE_INSTALL_IMAGE={pinned}"),
+        "FLEXNODE_INSTALL_REPOSITORY=127.0.0.1:5000/flexnode".to_string(),
+    ] {
+        assert!(env.lines().any(|l| l == line), "{line} in {env}");
+    }
+    assert!(!env.contains("FLEXNODE_INSTALL_ARCHIVE"), "{env}");
     // The join config points at the bootstrap copies and names the image by digest; it is a
     // config `join` accepts (its files are not there on this machine, so it stops at them).
     let bootstrap = file("/etc/flexnode/bootstrap/config.yaml");

@@ -338,6 +338,7 @@ fn join_rows() -> Vec<Row> {
                             "ReportMachine",
                             "InstallAgent",
                             "WriteUnits",
+                            "DisableSwap",
                             "ProvisionMachine",
                             "StartMachine",
                         ]),

@@ -605,3 +605,22 @@ async fn a_rolled_back_image_is_removed_at_the_next_daemon_start() {
     assert!(!store.is_agent_image(IMAGE).expect("query"));
     assert!(store.agent_images().expect("list").is_empty());
 }
+
+#[tokio::test]
+async fn join_turns_swap_off_for_good() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut node = SimNode::new(&dir.path().join("state/state.db"), T0);
+    {
+        let mut w = node.host.world();
+        w.fstab_swap = true;
+        let swap = w.units.entry("swapfile.swap".into()).or_default();
+        swap.active = true;
+    }
+    node.join(InstallMode::Container, "edge-07")
+        .await
+        .expect("join");
+    let w = node.host.world();
+    assert!(!w.fstab_swap, "the fstab's swap lines are commented out");
+    let swap = &w.units["swapfile.swap"];
+    assert!(!swap.active && swap.masked, "{swap:?}");
+}

@@ -126,6 +126,7 @@ class Suite(SuiteBase):
         f0 = self.wait_agent(120)
         was = f0.get("selected")
         t0 = time.time()
+        since = int(lab.sh("date +%s").strip())
         self.upgrade(name, which)
         self.expect(name, "Complete", "Succeeded", 600, MSG_UPGRADE_DONE)
         f = self.wait_agent(300)
@@ -135,6 +136,7 @@ class Suite(SuiteBase):
         want = "flexnode " + (lab.ver_next if which == "next" else lab.ver_base)
         need(ver == want, "the agent's container answers %r, expected %r" % (ver, want))
         detail("%s -> %s in %.0f s" % (was, f.get("selected"), time.time() - t0))
+        self.measure_upgrade(name, since)
         self.one_result(name)
 
     def rejected(self, name, params, forbidden):
@@ -148,6 +150,15 @@ class Suite(SuiteBase):
             need(word not in j, "%s: the agent's journal echoes %r" % (name, word))
         detail("%s: %r" % (name, v[2]))
         self.one_result(name)
+
+    def swap_off(self):
+        """The lab's swap file was on at first boot; the join turned it off for good: no
+        active swap, its unit masked, its fstab line commented out."""
+        out = self.lab.sh("swapon --show --noheadings; echo unit=$(systemctl is-enabled swapfile.swap || true); "
+                          "grep -c '^# flexnode: swap off.*/swapfile' /etc/fstab || true")
+        lines = out.strip().splitlines()
+        need(len(lines) == 2 and lines[0] == "unit=masked" and lines[1] == "1",
+             "swap is not off for good: %r" % out)
 
     def nothing_left(self):
         """What a reset leaves of the agent (empty when nothing): units and their links,
@@ -189,7 +200,7 @@ if [ -e /etc/flexnode ]; then echo "left: /etc/flexnode ($(ls -A /etc/flexnode |
         """First boot from the rendered Ignition: the bootstrap unit pulled the install's
         image (TLS + auth through containerd's hosts.toml) and joined; the agent runs the
         image by its local name, in a container inside its unit's cgroup; the bootstrap
-        inputs are gone; /usr is read-only."""
+        inputs are gone; /usr is read-only; swap is off for good."""
         f = self.wait_agent(900)
         lab = self.lab
         need(f.get("bootstrap.Result") == "success" and f.get("bootstrap.ExecMainStatus") == "0",
@@ -205,6 +216,7 @@ if [ -e /etc/flexnode ]; then echo "left: /etc/flexnode ($(ls -A /etc/flexnode |
                      "findmnt -no OPTIONS /usr; if touch /usr/.flexnode-probe 2>/dev/null; then echo writable; fi")
         need("gone" in out, "the bootstrap inputs are still in /etc/flexnode/bootstrap")
         need(out.splitlines()[1].startswith("ro") and "writable" not in out, "/usr is not read-only: %r" % out)
+        self.swap_off()
         st = lab.agent_cli("status -o json")
         detail(st.strip().splitlines()[0] if st.strip() else "(no status)")
         need('"Ready"' in st or "Ready" in st, "flexnode status does not say Ready: %s" % st[:300])
@@ -337,6 +349,7 @@ find /opt /usr/local -mindepth 1 \( -type f -o -name '*flexnode*' \) | sed 's/^/
         need(f.get("selected") == f0.get("selected"), "another image is selected after the reboot")
         ro = lab.sh("findmnt -no OPTIONS /usr").strip()
         need(ro.startswith("ro"), "/usr is %r after the reboot" % ro)
+        self.swap_off()
         need("Ready" in lab.agent_cli("status"), "the node is not Ready after the reboot")
 
     def c_power_cut_during_pull(self):
@@ -396,6 +409,31 @@ find /opt /usr/local -mindepth 1 \( -type f -o -name '*flexnode*' \) | sed 's/^/
             need("connection refused" in j or "connection reset" in j or "failed" in j,
                  "the bootstrap's pull did not fail: the registry answered")
         finally:
+            lab.registry("start")
+
+    def c_offline_join(self):
+        """An offline re-join: the registry down and the install's image gone from containerd;
+        the config names the image's OCI archive on the node's disk, which the bootstrap unit
+        imports under the image's pinned name."""
+        lab = self.lab
+        self.wait_agent(60)
+        lab.sh("systemctl start flexnode-reset", 600)
+        self.reset_leaves_nothing("the reset unit")
+        base = lab.images["base"]
+        lab.registry("stop")
+        try:
+            lab.sh("for i in $(%s images ls -q | grep -F %s); do %s images rm --sync $i > /dev/null; done; "
+                   "! %s images ls -q | grep -F %s" % (CTR, base, CTR, CTR, base), 120)
+            archive = "/var/lib/flexnode-offline/agent.oci.tar"
+            lab.sh("mkdir -p /var/lib/flexnode-offline")
+            lab.qemu("push", lab.guest, os.path.join(lab.dir, "images/base.oci.tar"), archive)
+            lab.provision(agentImageArchive=archive)
+            self.rejoined("base")
+            names = lab.sh("%s images ls -q" % CTR)
+            need("%s/flexnode/agent:base" % lab.reg in names, "no image came from the archive: %s" % names)
+            detail("joined from %s with the registry down; images: %s" % (archive, " ".join(names.split())))
+        finally:
+            lab.ssh("rm -rf /var/lib/flexnode-offline")
             lab.registry("start")
 
     def c_deletion_signal(self):
@@ -463,6 +501,7 @@ CHECKS = [
     ("guest-reboot", Suite.c_guest_reboot),
     ("agent-reset-then-rejoin-explicit-image", Suite.c_agent_reset),
     ("reset-unit-then-rejoin-registry-unreachable", Suite.c_reset_unit),
+    ("offline-rejoin-from-oci-archive", Suite.c_offline_join),
     ("deletion-signal-then-rejoin", Suite.c_deletion_signal),
     ("bootstrap-impossible-setting-78", Suite.c_bootstrap_78),
     ("one-terminal-result-per-operation", Suite.c_one_result_each),

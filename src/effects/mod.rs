@@ -40,7 +40,7 @@ pub const RESET_UNIT: &str = "flexnode-reset.service";
 /// implementation before it touches a unit.
 pub(crate) fn check_unit_name(name: &str) -> EffectResult {
     const SUFFIXES: &[&str] = &[
-        ".service", ".socket", ".target", ".timer", ".path", ".mount", ".slice", ".scope",
+        ".service", ".socket", ".target", ".timer", ".path", ".mount", ".slice", ".scope", ".swap",
     ];
     let ok = !name.is_empty()
         && name.len() <= 255
@@ -90,6 +90,11 @@ pub trait Systemd: Send + Sync {
     /// (`NeedDaemonReload`); a unit it has not loaded does not.
     fn needs_reload(&self, unit: &str) -> impl Future<Output = EffectResult<bool>> + Send;
     fn enable(&self, unit: &str) -> impl Future<Output = EffectResult> + Send;
+    /// Masks `unit` (a link to /dev/null in the unit directory): it never starts again, at a
+    /// boot neither. Takes effect at the next daemon-reload.
+    fn mask(&self, unit: &str) -> impl Future<Output = EffectResult> + Send;
+    /// The swap units systemd has loaded (from fstab, generators or unit files).
+    fn swap_units(&self) -> impl Future<Output = EffectResult<Vec<String>>> + Send;
     fn disable(&self, unit: &str) -> impl Future<Output = EffectResult> + Send;
     /// Starts a unit and waits for its job to finish.
     fn start(&self, unit: &str) -> impl Future<Output = EffectResult> + Send;
@@ -193,6 +198,8 @@ pub trait Host: Send + Sync {
     ) -> impl Future<Output = EffectResult> + Send;
     fn remove_machine(&self, side: Side) -> impl Future<Output = EffectResult> + Send;
     fn runtime_present(&self) -> impl Future<Output = EffectResult<bool>> + Send;
+    /// Comments out the swap lines of the host's `/etc/fstab` (none, or no fstab: nothing).
+    fn comment_out_swap(&self) -> impl Future<Output = EffectResult> + Send;
     /// Removes the node's runtime files (config, credentials, image selection).
     fn wipe_runtime(&self) -> impl Future<Output = EffectResult> + Send;
 }

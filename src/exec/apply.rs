@@ -104,6 +104,20 @@ where
             Effect::InstallAgent { mode, build } => fx.host.install_agent(*mode, build).await,
             Effect::WriteUnits { mode } => write_units(&fx.systemd, *mode).await.map(drop),
             Effect::StartAgent => start_agent(&fx.systemd).await,
+            // The fstab first: a crash after it still leaves no swap at the next boot.
+            Effect::DisableSwap => {
+                fx.host.comment_out_swap().await?;
+                let units = fx.systemd.swap_units().await?;
+                for unit in &units {
+                    fx.systemd.mask(unit).await?;
+                    fx.systemd.stop(unit).await?;
+                }
+                if units.is_empty() {
+                    return Ok(());
+                }
+                tracing::info!(?units, "swap off: units stopped and masked");
+                fx.systemd.daemon_reload().await
+            }
             Effect::StageAgent { target, candidate } => {
                 match target {
                     UpgradeTarget::Archive { url, sha256 } => {

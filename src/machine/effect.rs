@@ -48,6 +48,9 @@ pub enum Effect {
     WriteUnits {
         mode: InstallMode,
     },
+    /// Swap off for good, as the kubelet needs: every swap unit stopped and masked, swap
+    /// lines in the host's `/etc/fstab` commented out (both survive a reboot).
+    DisableSwap,
     /// Enable and start the agent service.
     StartAgent,
     /// Fetch, verify and install the candidate; run its `version`.
@@ -116,6 +119,7 @@ impl Effect {
             | Self::ReportMachine { .. }
             | Self::InstallAgent { .. }
             | Self::WriteUnits { .. }
+            | Self::DisableSwap
             | Self::StartAgent
             | Self::StageAgent { .. }
             | Self::DiscardCandidate { .. }
@@ -132,6 +136,7 @@ impl Effect {
             Self::ReportMachine { .. } => "ReportMachine",
             Self::InstallAgent { .. } => "InstallAgent",
             Self::WriteUnits { .. } => "WriteUnits",
+            Self::DisableSwap => "DisableSwap",
             Self::StartAgent => "StartAgent",
             Self::StageAgent { .. } => "StageAgent",
             Self::DiscardCandidate { .. } => "DiscardCandidate",
@@ -173,7 +178,11 @@ impl fmt::Display for Effect {
             | Self::StopMachine { side }
             | Self::RestartMachine { side, .. }
             | Self::RemoveMachine { side } => write!(f, "({})", side.name()),
-            Self::StartAgent | Self::RestartAgent | Self::WipeNode | Self::UninstallAgent => Ok(()),
+            Self::DisableSwap
+            | Self::StartAgent
+            | Self::RestartAgent
+            | Self::WipeNode
+            | Self::UninstallAgent => Ok(()),
         }
     }
 }

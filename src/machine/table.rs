@@ -376,6 +376,7 @@ pub fn shift_effect(effect: &Effect, ms: i64) -> Effect {
         | Effect::ReportMachine { .. }
         | Effect::InstallAgent { .. }
         | Effect::WriteUnits { .. }
+        | Effect::DisableSwap
         | Effect::StartAgent
         | Effect::StageAgent { .. }
         | Effect::DiscardCandidate { .. }

@@ -31,6 +31,7 @@ impl Systemd for SimHost {
             if let Some(u) = w.units.get_mut(name) {
                 u.file = false;
                 u.enabled = false;
+                u.masked = false;
                 u.contents.clear();
             }
             w.collect(name);
@@ -88,6 +89,33 @@ impl Systemd for SimHost {
             w.reloads += 1;
             Ok(())
         })
+    }
+
+    async fn mask(&self, unit: &str) -> EffectResult {
+        self.run("mask", unit, |w| {
+            check_unit_name(unit)?;
+            let u = w.units.entry(unit.to_string()).or_default();
+            // As systemd: a unit file in the unit directory is not replaced by the mask.
+            if u.file {
+                return Err(EffectError::Failed(format!(
+                    "mask {unit}: File /etc/systemd/system/{unit} already exists."
+                )));
+            }
+            u.masked = true;
+            u.enabled = false;
+            Ok(())
+        })
+    }
+
+    async fn swap_units(&self) -> EffectResult<Vec<String>> {
+        self.read("swap_units", "")?;
+        Ok(self
+            .world()
+            .units
+            .iter()
+            .filter(|(name, u)| name.ends_with(".swap") && (u.file || u.active || u.masked))
+            .map(|(name, _)| name.clone())
+            .collect())
     }
 
     async fn disable(&self, unit: &str) -> EffectResult {
@@ -398,6 +426,13 @@ impl Host for SimHost {
     async fn runtime_present(&self) -> EffectResult<bool> {
         self.read("runtime_present", "")?;
         Ok(self.world().runtime_files)
+    }
+
+    async fn comment_out_swap(&self) -> EffectResult {
+        self.run("comment_out_swap", "", |w| {
+            w.fstab_swap = false;
+            Ok(())
+        })
     }
 
     async fn wipe_runtime(&self) -> EffectResult {

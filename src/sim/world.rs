@@ -34,6 +34,8 @@ pub struct SimUnit {
     pub failed: bool,
     /// The file changed since the last daemon-reload.
     pub stale: bool,
+    /// Masked: it never starts.
+    pub masked: bool,
 }
 
 /// A transient timer made by `schedule_restart`. The simulated systemd fires it once its time
@@ -115,6 +117,8 @@ pub struct World {
     pub current: Option<AgentBuild>,
     pub last_good: Option<AgentBuild>,
     pub runtime_files: bool,
+    /// Swap lines in the host's fstab that are not commented out.
+    pub fstab_swap: bool,
     /// What the artifact server serves: URL → (sha256, build).
     pub artifacts: BTreeMap<String, (String, Build)>,
     /// What the registry serves: digest → build.
@@ -175,6 +179,11 @@ impl World {
             m.started_at = Some(now);
             return Ok(());
         }
+        if self.units.get(unit).is_some_and(|u| u.masked && !u.active) {
+            return Err(EffectError::Failed(format!(
+                "start {unit}: Unit {unit} is masked."
+            )));
+        }
         let Some(u) = self.units.get_mut(unit).filter(|u| u.file || u.active) else {
             return Err(EffectError::Failed(format!(
                 "start {unit}: Unit {unit} not found."
@@ -210,8 +219,13 @@ impl World {
         self.collect(unit);
     }
 
+    /// A unit with no file, no mask and no process is forgotten.
     pub(super) fn collect(&mut self, unit: &str) {
-        if self.units.get(unit).is_some_and(|u| !u.file && !u.active) {
+        if self
+            .units
+            .get(unit)
+            .is_some_and(|u| !u.file && !u.active && !u.masked)
+        {
             self.units.remove(unit);
         }
     }

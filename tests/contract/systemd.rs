@@ -61,6 +61,7 @@ pub async fn run_all<F: SystemdFixture>(implementation: &'static str, fx: &F) {
             enable_and_disable_are_idempotent,
             unit_file_present_follows_write_and_remove,
             a_changed_unit_file_needs_a_reload,
+            a_masked_unit_does_not_start,
             enable_without_a_unit_file_fails,
             remove_unit_is_idempotent,
             a_removed_unit_cannot_start,
@@ -294,6 +295,28 @@ pub async fn a_changed_unit_file_needs_a_reload<F: SystemdFixture>(fx: &F) {
     assert!(!needs("fxc-never-written.service").await, "an unknown unit");
     sd.stop(unit).await.expect("stop");
     sd.remove_unit(unit).await.expect("remove_unit");
+}
+
+/// A masked unit fails to start, saying so (what swap off relies on across boots; the swap
+/// units come from the fstab generator or /usr, never from a file in the unit directory,
+/// which masking refuses to replace); the swap units listed are swap units.
+pub async fn a_masked_unit_does_not_start<F: SystemdFixture>(fx: &F) {
+    let sd = fx.systemd();
+    let unit = "fxc-masked.service";
+    sd.mask(unit).await.expect("mask");
+    sd.mask(unit).await.expect("mask again");
+    sd.daemon_reload().await.expect("daemon_reload");
+    let m = failed_message("start of a masked unit", sd.start(unit).await);
+    assert!(m.contains(unit) && m.contains("masked"), "{m}");
+    sd.remove_unit(unit).await.expect("remove_unit");
+    sd.daemon_reload().await.expect("daemon_reload");
+    let written = "fxc-masked-file.service";
+    install(sd, written).await;
+    let m = failed_message("mask of a written unit file", sd.mask(written).await);
+    assert!(m.contains(written) && m.contains("exists"), "{m}");
+    sd.remove_unit(written).await.expect("remove_unit");
+    let swaps = sd.swap_units().await.expect("swap_units");
+    assert!(swaps.iter().all(|u| u.ends_with(".swap")), "{swaps:?}");
 }
 
 /// There is nothing to enable without a unit file: Failed, naming the unit.

@@ -27,6 +27,7 @@ pub struct HostLayout {
     runtime: PathBuf,
     machines: PathBuf,
     nspawn: PathBuf,
+    fstab: PathBuf,
 }
 
 impl HostLayout {
@@ -38,6 +39,7 @@ impl HostLayout {
             runtime: root.join(RUNTIME_DIR),
             machines: root.join(MACHINES_DIR),
             nspawn: root.join(NSPAWN_DIR),
+            fstab: root.join(FSTAB),
             root,
         }
     }
@@ -55,6 +57,7 @@ impl HostLayout {
             runtime: resolve(RUNTIME_DIR)?,
             machines: resolve(MACHINES_DIR)?,
             nspawn: resolve(NSPAWN_DIR)?,
+            fstab: resolve(FSTAB)?,
             root,
         })
     }
@@ -121,6 +124,11 @@ impl HostLayout {
         self.machine_dir(side).join(MACHINE_MARKER)
     }
 
+    /// `<root>/etc/fstab`
+    pub fn fstab(&self) -> PathBuf {
+        self.fstab.clone()
+    }
+
     pub fn nspawn_dir(&self) -> PathBuf {
         self.nspawn.clone()
     }
@@ -134,6 +142,7 @@ const AGENT_DIR: &str = "opt/flexnode";
 const RUNTIME_DIR: &str = "etc/flexnode";
 const MACHINES_DIR: &str = "var/lib/machines";
 const NSPAWN_DIR: &str = "etc/systemd/nspawn";
+const FSTAB: &str = "etc/fstab";
 
 /// The local name of agent image `digest` (`AGENT_IMAGE_NAME@sha256:…`).
 pub fn agent_image_ref(digest: &Sha256Hex) -> String {

@@ -24,6 +24,7 @@ mod layout;
 mod machines;
 mod root;
 mod slots;
+mod swap;
 
 pub use candidate::{CHECK_OUTPUT_MAX, CHECK_PATH, DEFAULT_CHECK_TIMEOUT};
 pub use layout::{
@@ -312,6 +313,10 @@ impl Host for FsHost {
             }
         })
         .await
+    }
+
+    async fn comment_out_swap(&self) -> EffectResult {
+        self.blocking(|h| h.comment_out_fstab_swap()).await
     }
 
     async fn wipe_runtime(&self) -> EffectResult {

@@ -309,6 +309,26 @@ impl Systemd for DbusSystemd {
         self.daemon_reload().await
     }
 
+    async fn mask(&self, unit: &str) -> EffectResult {
+        check_unit_name(unit)?;
+        let changes = self
+            .manager
+            .mask_unit_files(vec![unit.to_string()], false, true)
+            .await
+            .map_err(|e| bus_failed(&format!("mask {unit}"), e))?;
+        tracing::debug!(%unit, ?changes, "masked");
+        Ok(())
+    }
+
+    async fn swap_units(&self) -> EffectResult<Vec<String>> {
+        let units = self
+            .manager
+            .list_units_by_patterns(Vec::new(), vec!["*.swap".to_string()])
+            .await
+            .map_err(|e| bus_failed("list the swap units", e))?;
+        Ok(units.into_iter().map(|u| u.0).collect())
+    }
+
     async fn disable(&self, unit: &str) -> EffectResult {
         check_unit_name(unit)?;
         match self

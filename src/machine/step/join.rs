@@ -38,6 +38,7 @@ pub(super) fn join(
                 build: req.agent.clone(),
             },
             Effect::WriteUnits { mode: req.mode },
+            Effect::DisableSwap,
             Effect::ProvisionMachine {
                 side: node.active,
                 kubernetes_version: req.goal.kubernetes_version.clone(),
