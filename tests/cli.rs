@@ -123,8 +123,8 @@ fn join_exits_78_naming_an_impossible_setting_and_never_leaks_the_credential() {
             format!("kubeconfig: {kc}\nkubernetesVersion: v1.34.12\ninstallMode: container\n"),
             "agentImage",
         ),
-        // A valid container-install config: its join is not available yet (flexnode ignition
-        // renders its first boot).
+        // A valid container-install config outside a container of the agent's image: only
+        // its bootstrap unit (`flexnode ignition`) runs that join.
         (
             format!("kubeconfig: {private_kc}\nkubernetesVersion: v1.34.12\n{image}"),
             "installMode",
@@ -168,6 +168,43 @@ fn join_exits_78_naming_an_impossible_setting_and_never_leaks_the_credential() {
             "{stderr}"
         );
         assert!(!stderr.contains("TOPSECRET"), "{stderr}");
+    }
+    // In a container (the host's root at FLEXNODE_HOST_ROOT): the host install is refused,
+    // and so is a container install that does not say which image it runs.
+    for (config, image, want) in [
+        (
+            format!("kubeconfig: {private_kc}\nkubernetesVersion: v1.34.12\n"),
+            None,
+            "\"host\" installs the agent on the host",
+        ),
+        (
+            format!("kubeconfig: {private_kc}\nkubernetesVersion: v1.34.12\n{image}"),
+            None,
+            "does not say which image it runs",
+        ),
+        (
+            format!("kubeconfig: {private_kc}\nkubernetesVersion: v1.34.12\n{image}"),
+            Some("registry.example/flexnode:no-digest"),
+            "does not say which image it runs",
+        ),
+    ] {
+        let path = dir.path().join("join-in-container.yaml");
+        std::fs::write(&path, config).expect("write config");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_flexnode"));
+        cmd.args(["--state", &state, "join", "--config"])
+            .arg(&path)
+            .env("FLEXNODE_HOST_ROOT", dir.path())
+            .env_remove("FLEXNODE_AGENT_IMAGE");
+        if let Some(image) = image {
+            cmd.env("FLEXNODE_AGENT_IMAGE", image);
+        }
+        let out = cmd.output().expect("run flexnode");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{stderr}");
+        assert!(
+            stderr.contains("impossible setting: installMode") && stderr.contains(want),
+            "{stderr}"
+        );
     }
     // Nothing was created for a refused join.
     assert!(!dir.path().join("state.db").exists());
