@@ -475,7 +475,7 @@ find /opt /usr/local -mindepth 1 \( -type f -o -name '*flexnode*' \) | sed 's/^/
                      + "contexts:\n" + text.split("contexts:\n", 1)[1])
         lab.provision(kubeconfig=bogus)
         samples = lab.sh(
-            "for i in $(seq 40); do systemctl show flexnode-bootstrap -p ActiveState,SubState,ExecMainStatus,NRestarts,Result "
+            "for i in $(seq 15); do systemctl show flexnode-bootstrap -p ActiveState,SubState,ExecMainStatus,NRestarts,Result "
             "| tr '\\n' ' '; echo; sleep 1; done", 240)
         rows = [dict(kv.split("=", 1) for kv in line.split()) for line in samples.splitlines() if line.strip()]
         last = rows[-1]
