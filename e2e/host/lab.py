@@ -602,6 +602,16 @@ class SuiteBase:
               flush=True)
 
 
+
+def show_guest(lab, script, last=50):
+    """A failure's context: the last lines a guest script prints, indented; never fails."""
+    try:
+        _, out, _ = lab.ssh(script, 30)
+        for line in out.splitlines()[-last:]:
+            print("    | " + line, flush=True)
+    except Exception as e:  # noqa: BLE001 - diagnostics must never fail the run
+        print("    | (no guest output: %s)" % e, flush=True)
+
 # ------------------------------------------------------------------------------ the runner
 
 def run_suite(doc, checks, suite_cls, lab_cls, diagnose, first, skipped_first):

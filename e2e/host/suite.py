@@ -26,8 +26,8 @@ import sys
 import time
 
 from lab import (MSG_REBOOT_DONE, MSG_RESET_DONE, MSG_UPGRADE_DONE, SLOT_RE, TERMINAL, Fail,
-                 Lab, SuiteBase, detail, need, op_view, parse_time, run_suite, slot_path,
-                 wait_until)
+                 Lab, SuiteBase, detail, need, op_view, parse_time, run_suite, show_guest,
+                 slot_path, wait_until)
 
 
 # ----------------------------------------------------------------------------- the checks
@@ -529,14 +529,9 @@ CHECKS = [
 
 def diagnose(lab):
     """Context after a failure: the guest's flexnode journal tail."""
-    try:
-        rc, out, _ = lab.ssh("journalctl --no-pager -o short-precise -n 25 -u 'flexnode*'; "
-                             "f=/opt/flexnode/bin/flexnode; [ -x $f ] || f=/root/flexnode; "
-                             "$f status 2>&1 | head -12; $f history --limit 6 2>&1", 30)
-        for line in out.splitlines()[-45:]:
-            print("    | " + line, flush=True)
-    except Exception as e:  # noqa: BLE001 - diagnostics must never fail the run
-        print("    | (no journal: %s)" % e, flush=True)
+    show_guest(lab, "journalctl --no-pager -o short-precise -n 25 -u 'flexnode*'; "
+               "f=/opt/flexnode/bin/flexnode; [ -x $f ] || f=/root/flexnode; "
+               "$f status 2>&1 | head -12; $f history --limit 6 2>&1", last=45)
 
 
 def main():
