@@ -219,3 +219,91 @@ fn reset_without_yes_explains_and_changes_nothing() {
     assert!(out.status.success());
     assert!(text(&out).starts_with("flexnode "));
 }
+
+/// A root with only a static busybox and a marker: what `host-exec` runs sees that root as `/`.
+fn busybox_root() -> tempfile::TempDir {
+    let root = tempfile::tempdir().expect("tmp");
+    std::fs::create_dir(root.path().join("bin")).expect("bin");
+    // e2e/prereqs installs busybox-static.
+    std::fs::copy("/bin/busybox", root.path().join("bin/busybox")).expect("copy busybox");
+    std::fs::write(root.path().join("marker"), "inside the root\n").expect("marker");
+    root
+}
+
+fn host_exec(root: &std::path::Path, command: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_flexnode"))
+        .arg("host-exec")
+        .arg("--root")
+        .arg(root)
+        .arg("--")
+        .args(command)
+        .env("FLEXNODE_TEST_SECRET", "TOPSECRET")
+        .output()
+        .expect("run flexnode host-exec")
+}
+
+#[test]
+fn host_exec_runs_a_program_chrooted_with_only_path() {
+    let root = busybox_root();
+    let cat = host_exec(root.path(), &["/bin/busybox", "cat", "/marker"]);
+    assert!(cat.status.success(), "{cat:?}");
+    assert_eq!(text(&cat), "inside the root\n");
+    let ls = host_exec(root.path(), &["/bin/busybox", "ls", "/"]);
+    assert_eq!(text(&ls), "bin\nmarker\n", "{ls:?}");
+    let env = host_exec(root.path(), &["/bin/busybox", "env"]);
+    assert_eq!(
+        text(&env),
+        format!("PATH={}\n", flexnode::effects::host::CHECK_PATH)
+    );
+    let pwd = host_exec(root.path(), &["/bin/busybox", "pwd"]);
+    assert_eq!(text(&pwd), "/\n");
+}
+
+#[test]
+fn host_exec_refuses_what_it_cannot_run() {
+    let root = busybox_root();
+    let relative = host_exec(root.path(), &["bin/busybox", "true"]);
+    assert_eq!(relative.status.code(), Some(126));
+    assert!(String::from_utf8_lossy(&relative.stderr).contains("not an absolute path"));
+    let missing = host_exec(root.path(), &["/usr/sbin/modprobe", "overlay"]);
+    assert_eq!(missing.status.code(), Some(127), "{missing:?}");
+    let no_root = host_exec(&root.path().join("absent"), &["/bin/busybox", "true"]);
+    assert_eq!(no_root.status.code(), Some(126));
+    assert!(String::from_utf8_lossy(&no_root.stderr).contains("chroot"));
+}
+
+#[tokio::test]
+async fn run_in_root_reports_a_failure_with_its_stderr() {
+    use flexnode::effects::host::run_in_root;
+    use std::time::Duration;
+    let root = busybox_root();
+    let agent = std::path::Path::new(env!("CARGO_BIN_EXE_flexnode"));
+    let long = Duration::from_secs(30);
+    run_in_root(
+        agent,
+        root.path(),
+        "/bin/busybox",
+        &["test", "-f", "/marker"],
+        long,
+    )
+    .await
+    .expect("the marker is a file inside the root");
+    let err = run_in_root(agent, root.path(), "/bin/busybox", &["ls", "/etc"], long)
+        .await
+        .expect_err("no /etc inside the root");
+    let message = err.to_string();
+    assert!(
+        message.contains("host /bin/busybox failed") && message.contains("/etc"),
+        "{message}"
+    );
+    let err = run_in_root(
+        agent,
+        root.path(),
+        "/bin/busybox",
+        &["sleep", "5"],
+        Duration::from_millis(300),
+    )
+    .await
+    .expect_err("timed out");
+    assert!(err.to_string().contains("did not finish within"), "{err}");
+}

@@ -1069,6 +1069,44 @@ async fn runtime_files_are_found_and_wiped() {
     assert!(fx.root.join("etc").exists());
 }
 
+/// The module list for boots is written (once) and counts as a runtime file: a reset removes
+/// it. This kernel has both modules (built in or loaded), so nothing runs `modprobe` here; the
+/// suites' guests load them (e2e/host/lab.py, `kernel_modules`).
+#[tokio::test]
+async fn kernel_modules_are_listed_for_boots_and_wiped() {
+    let fx = fixture();
+    for (name, _) in flexnode::effects::host::KERNEL_MODULES {
+        let present = match name {
+            "overlay" => std::fs::read_to_string("/proc/filesystems")
+                .expect("filesystems")
+                .contains("\toverlay\n"),
+            _ => std::path::Path::new("/proc/sys/net/bridge").exists(),
+        };
+        assert!(present, "this test needs {name} in the kernel already");
+    }
+    fx.host.load_kernel_modules().await.expect("load");
+    let list = fx.root.join("etc/modules-load.d/flexnode.conf");
+    let text = std::fs::read_to_string(&list).expect("listed");
+    assert!(text.ends_with("overlay\nbr_netfilter\n"), "{text}");
+    let written = std::fs::metadata(&list)
+        .expect("meta")
+        .modified()
+        .expect("mtime");
+    fx.host.load_kernel_modules().await.expect("again");
+    assert_eq!(
+        std::fs::metadata(&list)
+            .expect("meta")
+            .modified()
+            .expect("mtime"),
+        written,
+        "an unchanged list is not rewritten"
+    );
+    assert_eq!(fx.host.runtime_present().await, Ok(true));
+    fx.host.wipe_runtime().await.expect("wipe");
+    assert!(!list.exists());
+    assert_eq!(fx.host.runtime_present().await, Ok(false));
+}
+
 // ---- https: the lab's artifact server over TLS ------------------------------------------
 
 /// `e2e/artifacts/serve` over https with the lab PKI's certificate (`e2e/pki`), stopped when

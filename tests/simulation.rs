@@ -624,3 +624,16 @@ async fn join_turns_swap_off_for_good() {
     let swap = &w.units["swapfile.swap"];
     assert!(!swap.active && swap.masked, "{swap:?}");
 }
+
+#[tokio::test]
+async fn join_loads_the_kernel_modules_before_the_machine_starts() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut node = SimNode::new(&dir.path().join("state/state.db"), T0);
+    node.join(InstallMode::Host, "edge-08").await.expect("join");
+    let w = node.host.world();
+    assert!(w.kernel_modules);
+    let at = |call: &str| w.calls.iter().position(|c| c == call);
+    let loaded = at("load_kernel_modules()").expect("modules loaded");
+    let started = at("start(systemd-nspawn@kube1.service)").expect("kube1 started");
+    assert!(loaded < started, "{:?}", w.calls);
+}

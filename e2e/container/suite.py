@@ -177,6 +177,7 @@ for m in kube1 kube2; do
   if [ -e /var/lib/machines/$m ]; then echo "machine tree /var/lib/machines/$m left"; fi
 done
 if [ -e /etc/flexnode ]; then echo "left: /etc/flexnode ($(ls -A /etc/flexnode | tr '\n' ' '))"; fi
+if [ -e /etc/modules-load.d/flexnode.conf ]; then echo "left: /etc/modules-load.d/flexnode.conf"; fi
 """).strip()
 
     def reset_leaves_nothing(self, how):
@@ -205,7 +206,8 @@ if [ -e /etc/flexnode ]; then echo "left: /etc/flexnode ($(ls -A /etc/flexnode |
         """First boot from the rendered Ignition: the bootstrap unit pulled the install's
         image (TLS + auth through containerd's hosts.toml) and joined; the agent runs the
         image by its local name, in a container inside its unit's cgroup; the bootstrap
-        inputs are gone; /usr is read-only; swap is off for good."""
+        inputs are gone; /usr is read-only; swap is off for good; the kernel modules the
+        machines need were loaded by the host's modprobe through host-exec."""
         f = self.wait_agent(900)
         lab = self.lab
         need(f.get("bootstrap.Result") == "success" and f.get("bootstrap.ExecMainStatus") == "0",
@@ -222,13 +224,16 @@ if [ -e /etc/flexnode ]; then echo "left: /etc/flexnode ($(ls -A /etc/flexnode |
         need("gone" in out, "the bootstrap inputs are still in /etc/flexnode/bootstrap")
         need(out.splitlines()[1].startswith("ro") and "writable" not in out, "/usr is not read-only: %r" % out)
         self.swap_off()
+        # The join ran in a container: the host's modprobe ran by host-exec (chroot /host).
+        self.kernel_modules(lab.sh("journalctl -o cat -u flexnode-bootstrap"))
         st = json.loads(lab.agent_cli("status -o json"))
         need(st.get("phase") == "Ready" and (st.get("node") or {}).get("installMode") == "container",
              "flexnode status: phase %r, node %s" % (st.get("phase"), st.get("node")))
 
     def c_no_agent_files(self):
         """Walks the host's filesystem: nothing of the agent outside /etc/flexnode and
-        /var/lib/flexnode (its units, their links and containerd's own stores aside) — no file
+        /var/lib/flexnode (its units, their links, the kernel modules' boot list and
+        containerd's own stores aside) — no file
         named after it, no copy of its binary (by content), nothing in /opt or /usr/local."""
         lab = self.lab
         pid = self.wait_agent(60).get("task", "").split()[0]
@@ -237,7 +242,8 @@ agent=$(sha256sum /proc/%s/exe | cut -d' ' -f1)
 echo "agent=$agent"
 find / -xdev \( -path /proc -o -path /sys -o -path /run -o -path /etc/flexnode -o -path /var/lib/flexnode \
   -o -path /var/lib/containerd -o -path /var/lib/machines -o -path /var/log/journal \) -prune \
-  -o -name '*flexnode*' -print | grep -v -E '^/etc/systemd/system/([a-z.-]+\.wants/)?flexnode-[a-z-]+\.service$' \
+  -o -name '*flexnode*' -print \
+  | grep -v -E '^(/etc/systemd/system/([a-z.-]+\.wants/)?flexnode-[a-z-]+\.service|/etc/modules-load\.d/flexnode\.conf)$' \
   | sed 's/^/named=/' || true
 find / -xdev \( -path /proc -o -path /sys -o -path /run -o -path /var/lib/containerd \) -prune \
   -o -type f -size +4M -print0 | xargs -0 -r sha256sum | awk -v a="$agent" '$1 == a { print "copy=" $2 }'

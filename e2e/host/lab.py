@@ -483,6 +483,18 @@ class SuiteBase:
         self.created.append(name)
         self.lab.op_raw(name, kind, params)
 
+    def kernel_modules(self, log):
+        """The machines' kernel modules are in the guest's kernel and listed for its boots;
+        `log` (what the join logged) shows the host's modprobe loaded them: the lab's Debian
+        kernel has both as modules that nothing else loads."""
+        out = self.lab.sh("grep -qw overlay /proc/filesystems && echo overlay; "
+                          "test -d /proc/sys/net/bridge && echo br_netfilter; "
+                          "grep -v '^#' /etc/modules-load.d/flexnode.conf | tr '\\n' ' '")
+        need(out.split() == ["overlay", "br_netfilter", "overlay", "br_netfilter"],
+             "kernel modules: %r" % out)
+        need("kernel modules loaded by the host's modprobe" in log,
+             "the join did not log loading the modules by the host's modprobe")
+
     def wait_phase(self, name, phases, timeout):
         def probe():
             for row in reversed(self.watch.history(name)):

@@ -118,6 +118,7 @@ class Suite(SuiteBase):
         need(lab.version("/opt/flexnode/bin/flexnode") == "flexnode " + lab.ver_base,
              "the installed flexnode is %r, not the joining build %s" % (lab.version("/opt/flexnode/bin/flexnode"), lab.ver_base))
         need(f.get("kube1.ActiveState") == "active", "systemd-nspawn@kube1 is %s" % f.get("kube1.ActiveState"))
+        self.kernel_modules(err)
         self.joined = True
 
         m = lab.machine()
@@ -419,6 +420,7 @@ for m in kube1 kube2; do
 done
 # the runtime files: the config and the node's credential (the installed builds stay, for a re-join)
 if [ -e /etc/flexnode ]; then echo "left: /etc/flexnode ($(ls -A /etc/flexnode | tr '\n' ' '))"; fi
+if [ -e /etc/modules-load.d/flexnode.conf ]; then echo "left: /etc/modules-load.d/flexnode.conf"; fi
 """)
         return out.strip()
 

@@ -1,8 +1,9 @@
 //! The command line: each command, and the module that runs it (`cli/<command>.rs`).
 
-use super::{Output, daemon, ignition, join, op, recover, reset, status};
+use super::{Output, daemon, host_exec, ignition, join, op, recover, reset, status};
 use crate::store;
 use clap::{Parser, Subcommand};
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -56,6 +57,16 @@ pub enum Command {
         #[arg(long, default_value = recover::RECOVERY_MESSAGE)]
         message: String,
     },
+    /// Run a host program with the host's root as `/` (the container install's agent, for
+    /// what only the host's own tools do: src/effects/host/exec.rs).
+    #[command(hide = true)]
+    HostExec {
+        #[arg(long, value_name = "DIR")]
+        root: PathBuf,
+        /// After `--`: the program (absolute, inside the root) and its arguments.
+        #[arg(last = true, required = true, value_name = "PROGRAM")]
+        command: Vec<OsString>,
+    },
     /// Show the node's state; works while the daemon is stopped.
     Status {
         #[arg(long, short, value_enum, default_value_t = Output::Human)]
@@ -85,6 +96,7 @@ impl Command {
             | Self::History { .. }
             | Self::Op(_)
             | Self::Ignition { .. }
+            | Self::HostExec { .. }
             | Self::Version => false,
         }
     }
@@ -104,5 +116,6 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Reset { yes } => reset::run(&cli.state, yes),
         Command::RecoverAgentUpgrade { message } => recover::run(&cli.state, &message),
         Command::Op(args) => op::command::run(args),
+        Command::HostExec { root, command } => host_exec::run(&root, &command),
     }
 }

@@ -200,7 +200,10 @@ pub trait Host: Send + Sync {
     fn runtime_present(&self) -> impl Future<Output = EffectResult<bool>> + Send;
     /// Comments out the swap lines of the host's `/etc/fstab` (none, or no fstab: nothing).
     fn comment_out_swap(&self) -> impl Future<Output = EffectResult> + Send;
-    /// Removes the node's runtime files (config, credentials, image selection).
+    /// Loads the kernel modules the machines need (by the host's `modprobe`, in the host's
+    /// root), and lists them for every boot.
+    fn load_kernel_modules(&self) -> impl Future<Output = EffectResult> + Send;
+    /// Removes the node's runtime files (config, credentials, image selection, module list).
     fn wipe_runtime(&self) -> impl Future<Output = EffectResult> + Send;
 }
 

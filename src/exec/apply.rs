@@ -201,6 +201,7 @@ where
             }
             // Enabled too, so the machine comes back when the host boots.
             Effect::StartMachine { side } => {
+                fx.host.load_kernel_modules().await?;
                 fx.systemd.enable(&machine_unit(*side)).await?;
                 if fx.systemd.machine_status(*side).await?.running {
                     return Ok(());

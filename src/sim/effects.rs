@@ -435,6 +435,13 @@ impl Host for SimHost {
         })
     }
 
+    async fn load_kernel_modules(&self) -> EffectResult {
+        self.run("load_kernel_modules", "", |w| {
+            w.kernel_modules = true;
+            Ok(())
+        })
+    }
+
     async fn wipe_runtime(&self) -> EffectResult {
         self.run("wipe_runtime", "", |w| {
             w.runtime_files = false;

@@ -119,6 +119,8 @@ pub struct World {
     pub runtime_files: bool,
     /// Swap lines in the host's fstab that are not commented out.
     pub fstab_swap: bool,
+    /// The machines' kernel modules loaded (and listed for boots).
+    pub kernel_modules: bool,
     /// What the artifact server serves: URL → (sha256, build).
     pub artifacts: BTreeMap<String, (String, Build)>,
     /// What the registry serves: digest → build.

@@ -28,6 +28,7 @@ pub struct HostLayout {
     machines: PathBuf,
     nspawn: PathBuf,
     fstab: PathBuf,
+    modules_load: PathBuf,
 }
 
 impl HostLayout {
@@ -40,6 +41,7 @@ impl HostLayout {
             machines: root.join(MACHINES_DIR),
             nspawn: root.join(NSPAWN_DIR),
             fstab: root.join(FSTAB),
+            modules_load: root.join(MODULES_LOAD),
             root,
         }
     }
@@ -58,6 +60,7 @@ impl HostLayout {
             machines: resolve(MACHINES_DIR)?,
             nspawn: resolve(NSPAWN_DIR)?,
             fstab: resolve(FSTAB)?,
+            modules_load: resolve(MODULES_LOAD)?,
             root,
         })
     }
@@ -129,6 +132,11 @@ impl HostLayout {
         self.fstab.clone()
     }
 
+    /// `<root>/etc/modules-load.d/flexnode.conf`: the machines' kernel modules at every boot.
+    pub fn modules_load(&self) -> PathBuf {
+        self.modules_load.clone()
+    }
+
     pub fn nspawn_dir(&self) -> PathBuf {
         self.nspawn.clone()
     }
@@ -143,6 +151,7 @@ const RUNTIME_DIR: &str = "etc/flexnode";
 const MACHINES_DIR: &str = "var/lib/machines";
 const NSPAWN_DIR: &str = "etc/systemd/nspawn";
 const FSTAB: &str = "etc/fstab";
+const MODULES_LOAD: &str = "etc/modules-load.d/flexnode.conf";
 
 /// The local name of agent image `digest` (`AGENT_IMAGE_NAME@sha256:…`).
 pub fn agent_image_ref(digest: &Sha256Hex) -> String {

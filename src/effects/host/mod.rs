@@ -13,6 +13,7 @@
 //! <root>/etc/flexnode/agent-image.env                       container install: image selection
 //! <root>/var/lib/machines/<kube1|kube2>/                    nspawn machine trees
 //! <root>/etc/systemd/nspawn/<side>.nspawn                   their nspawn settings
+//! <root>/etc/modules-load.d/flexnode.conf                   the machines' kernel modules
 //! ```
 //!
 //! Links and files are replaced atomically: a temporary entry in the same directory, fsync,
@@ -20,6 +21,8 @@
 //! idempotent: called again after a crash it finishes what is missing.
 
 mod candidate;
+mod exec;
+mod kernel;
 mod layout;
 mod machines;
 mod root;
@@ -27,6 +30,8 @@ mod slots;
 mod swap;
 
 pub use candidate::{CHECK_OUTPUT_MAX, CHECK_PATH, DEFAULT_CHECK_TIMEOUT};
+pub use exec::{HOST_EXEC_TIMEOUT, run_in_root};
+pub use kernel::KERNEL_MODULES;
 pub use layout::{
     AGENT_IMAGE_NAME, AGENT_IMAGE_VAR, BIN_LINK_TARGET, HostLayout, agent_image_ref,
     image_ref_digest, running_build, slot_link_target,
@@ -136,6 +141,7 @@ impl FsHost {
     }
 
     fn wipe(&self) -> EffectResult {
+        remove_no_follow(&self.layout.modules_load())?;
         let dir = self.layout.runtime_dir();
         remove_tree(&dir)?;
         if let Some(parent) = dir.parent() {
@@ -305,18 +311,24 @@ impl Host for FsHost {
 
     async fn runtime_present(&self) -> EffectResult<bool> {
         self.blocking(|h| {
-            let dir = h.layout.runtime_dir();
-            match std::fs::symlink_metadata(&dir) {
-                Ok(_) => Ok(true),
-                Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
-                Err(e) => Err(io_failed("inspect", &dir, &e)),
+            for path in [h.layout.runtime_dir(), h.layout.modules_load()] {
+                match std::fs::symlink_metadata(&path) {
+                    Ok(_) => return Ok(true),
+                    Err(e) if e.kind() == ErrorKind::NotFound => {}
+                    Err(e) => return Err(io_failed("inspect", &path, &e)),
+                }
             }
+            Ok(false)
         })
         .await
     }
 
     async fn comment_out_swap(&self) -> EffectResult {
         self.blocking(|h| h.comment_out_fstab_swap()).await
+    }
+
+    async fn load_kernel_modules(&self) -> EffectResult {
+        self.ensure_kernel_modules().await
     }
 
     async fn wipe_runtime(&self) -> EffectResult {
