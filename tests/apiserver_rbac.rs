@@ -25,13 +25,8 @@ struct Agent {
 
 impl Agent {
     fn new(lab: &Lab, node: &str) -> Self {
-        let state = std::fs::read_to_string(lab.dir.join("state")).expect("read the lab's state");
-        let bin = state
-            .lines()
-            .find_map(|l| l.strip_prefix("BIN="))
-            .expect("BIN= in the lab's state");
         Self {
-            kubectl: Path::new(bin).join("kubectl"),
+            kubectl: lab.bin().join("kubectl"),
             kubeconfig: lab.node_kubeconfig(node),
         }
     }

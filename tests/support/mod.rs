@@ -26,6 +26,16 @@ pub fn script() -> PathBuf {
 impl Lab {
     /// Fails the test when the control plane is not built (`tier::require`).
     pub fn up() -> Self {
+        Self::start(&["--no-kcm"])
+    }
+
+    /// With kube-controller-manager (CSR approval and signing, bootstrap tokens) and
+    /// kube-scheduler.
+    pub fn up_with_controllers() -> Self {
+        Self::start(&[])
+    }
+
+    fn start(flags: &[&str]) -> Self {
         tier::require(tier::Tier::ControlPlane);
         // A fresh private directory (0700, unpredictable name); the script creates `cp` in it.
         let parent = tempfile::Builder::new()
@@ -34,7 +44,9 @@ impl Lab {
             .expect("lab parent dir");
         let dir = parent.path().join("cp");
         let out = Command::new(script())
-            .args(["up", "--no-kcm", "--dir"])
+            .arg("up")
+            .args(flags)
+            .arg("--dir")
             .arg(&dir)
             .output()
             .expect("run e2e/controlplane/run up");
@@ -68,6 +80,16 @@ impl Lab {
             String::from_utf8_lossy(&out.stderr)
         );
         self.dir.join(format!("nodes/{node}.kubeconfig"))
+    }
+
+    /// The directory of the lab's Kubernetes binaries (its state's `BIN=`).
+    pub fn bin(&self) -> PathBuf {
+        let state = std::fs::read_to_string(self.dir.join("state")).expect("read the lab's state");
+        let bin = state
+            .lines()
+            .find_map(|l| l.strip_prefix("BIN="))
+            .expect("BIN= in the lab's state");
+        PathBuf::from(bin)
     }
 
     /// The lab's kubectl with the admin kubeconfig: (success, stdout + stderr).

@@ -1,0 +1,212 @@
+//! The cluster side a node's kubelet needs, against the real control plane
+//! (`e2e/controlplane/run`, with kube-controller-manager and kube-scheduler) and the real
+//! kubelet built from the same pinned modules: a bootstrap token gets the kubelet a client
+//! certificate (TLS bootstrap: its CSR approved and signed by kube-controller-manager), an
+//! expired token gets nothing, and the scheduler is at work. The kubelet runs on this host only
+//! until its TLS bootstrap is done: it is given no container runtime, so it exits there, with
+//! every file it writes under a temporary directory.
+
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+use support::Lab;
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn bootstrap_token(lab: &Lab, ttl: &str) -> std::path::PathBuf {
+    let out = Command::new(support::script())
+        .args(["bootstrap-token", "--ttl", ttl, "--dir"])
+        .arg(&lab.dir)
+        .output()
+        .expect("run bootstrap-token");
+    assert!(out.status.success(), "{}", text(&out));
+    let path = std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    assert!(path.is_file(), "bootstrap-token printed {path:?}");
+    path
+}
+
+fn openssl(args: &[&str], file: &Path) -> String {
+    let out = Command::new("openssl")
+        .args(args)
+        .arg(file)
+        .output()
+        .expect("run openssl");
+    assert!(out.status.success(), "openssl {args:?}: {}", text(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+#[cfg_attr(
+    flexnode_skip = "controlplane",
+    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
+)]
+fn a_kubelet_bootstraps_its_client_certificate_with_a_bootstrap_token() {
+    let lab = Lab::up_with_controllers();
+    let kubelet = lab.bin().join("kubelet");
+    let version = Command::new(&kubelet)
+        .arg("--version")
+        .output()
+        .expect("kubelet --version");
+    assert_eq!(text(&version).trim(), "Kubernetes v1.34.12");
+
+    let bootstrap = bootstrap_token(&lab, "3600");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&bootstrap).expect("stat").permissions(),
+    );
+    assert_eq!(
+        mode & 0o777,
+        0o600,
+        "the bootstrap kubeconfig holds a token"
+    );
+
+    let work = tempfile::tempdir().expect("tmp");
+    let w = work.path();
+    std::fs::write(
+        w.join("config.yaml"),
+        format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+             authentication: {{anonymous: {{enabled: false}}, webhook: {{enabled: true}}}}\n\
+             authorization: {{mode: Webhook}}\nfailSwapOn: false\n\
+             containerRuntimeEndpoint: unix://{}/no-runtime.sock\n",
+            w.display()
+        ),
+    )
+    .expect("kubelet config");
+    let run = Command::new(&kubelet)
+        .arg(format!("--config={}/config.yaml", w.display()))
+        .arg(format!("--bootstrap-kubeconfig={}", bootstrap.display()))
+        .arg(format!("--kubeconfig={}/kubelet.kubeconfig", w.display()))
+        .arg(format!("--cert-dir={}/pki", w.display()))
+        .arg(format!("--root-dir={}/root", w.display()))
+        .arg("--hostname-override=bootstrap-test-1")
+        .current_dir(w)
+        .output()
+        .expect("run kubelet");
+    let log = text(&run);
+    // No runtime: it stops right after the bootstrap, where it validates the CRI endpoint.
+    assert!(!run.status.success(), "{log}");
+    assert!(log.contains("validate CRI v1 runtime API"), "{log}");
+
+    let cert = w.join("pki/kubelet-client-current.pem");
+    let subject = openssl(&["x509", "-noout", "-subject", "-in"], &cert);
+    assert!(
+        subject.contains("O = system:nodes")
+            && subject.contains("CN = system:node:bootstrap-test-1"),
+        "{subject}"
+    );
+    let verified = openssl(
+        &[
+            "verify",
+            "-CAfile",
+            &lab.dir.join("pki/ca.crt").display().to_string(),
+        ],
+        &cert,
+    );
+    assert!(verified.trim().ends_with(": OK"), "{verified}");
+    let (ok, csrs) = lab.kubectl(&[
+        "get",
+        "csr",
+        "-o",
+        "jsonpath={range .items[*]}{.spec.username} {.spec.signerName} {.status.conditions[*].type}{\"\\n\"}{end}",
+    ]);
+    assert!(ok, "{csrs}");
+    let id = bootstrap
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .and_then(|s| s.strip_prefix("bootstrap-"))
+        .expect("bootstrap-ID.kubeconfig");
+    assert!(
+        csrs.lines().any(|l| l
+            == format!(
+                "system:bootstrap:{id} kubernetes.io/kube-apiserver-client-kubelet Approved"
+            )),
+        "{csrs}"
+    );
+    let kubeconfig = std::fs::read_to_string(w.join("kubelet.kubeconfig")).expect("kubeconfig");
+    assert!(
+        kubeconfig.contains("kubelet-client-current.pem"),
+        "{kubeconfig}"
+    );
+}
+
+#[test]
+#[cfg_attr(
+    flexnode_skip = "controlplane",
+    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
+)]
+fn an_expired_bootstrap_token_is_refused() {
+    let lab = Lab::up_with_controllers();
+    let expired = bootstrap_token(&lab, "0");
+    let kubectl = lab.bin().join("kubectl");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = Command::new(&kubectl)
+            .arg("--kubeconfig")
+            .arg(&expired)
+            .args(["auth", "whoami"])
+            .output()
+            .expect("kubectl auth whoami");
+        if !out.status.success() {
+            assert!(text(&out).contains("Unauthorized"), "{}", text(&out));
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "an expired token still authenticates"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+#[cfg_attr(
+    flexnode_skip = "controlplane",
+    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
+)]
+fn the_scheduler_schedules() {
+    let lab = Lab::up_with_controllers();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // A fresh cluster: the namespace's default service account comes a moment after.
+    loop {
+        let (ok, out) = lab.kubectl(&[
+            "run",
+            "waits-for-a-node",
+            "--image=flexnode.invalid/none:0",
+            "--restart=Never",
+        ]);
+        if ok {
+            break;
+        }
+        assert!(
+            out.contains("serviceaccount \"default\" not found") && Instant::now() < deadline,
+            "{out}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // No node yet: the scheduler's own verdict is the proof it runs.
+    loop {
+        let (_, reason) = lab.kubectl(&[
+            "get",
+            "pod",
+            "waits-for-a-node",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"PodScheduled\")].reason}",
+        ]);
+        if reason.trim() == "Unschedulable" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not seen by the scheduler: {reason:?}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
