@@ -7,6 +7,9 @@
 //! - the agent's image (`image/build`, built into the cache): pull by index digest over TLS +
 //!   token auth and the candidate check (`flexnode version` in a short-lived container), 5
 //!   runs on containerd 1.6, the image removed between runs;
+//! - the lab's node image (`e2e/node-image/build build node`, cached): pull by digest over
+//!   TLS with token auth, then unpack into a machine's tree (`unpack_image_into`), 3 runs on
+//!   containerd 1.6, the image and the tree removed between runs;
 //! - systemd (a booted nspawn container): the D-Bus restart round trip (21 runs) and the
 //!   transient-timer restart with a 1000 ms delay (5 runs).
 //!
@@ -153,6 +156,58 @@ async fn agent_image_pull_and_check() {
     report(&format!("{label}: candidate check"), &checks);
 }
 
+async fn node_image_pull_and_unpack() {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(repo.join("e2e/node-image/build"))
+        .args(["build", "node"])
+        .output()
+        .expect("run e2e/node-image/build");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let digest = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let cache = std::env::var_os("FLEXNODE_CACHE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var_os("HOME").expect("HOME"))
+                .join(".cache/flexnode")
+        });
+    let layout = cache.join("node-image/node-layout");
+    let tier = Tier::up(Flavor::V1_6);
+    let secure = tier.secure();
+    support::image::push(
+        &layout,
+        &format!("{}/lab/node:bench", secure.basic),
+        Some(&secure),
+    );
+    let index = flexnode::machine::agent::Sha256Hex::parse(&digest).expect("digest");
+    let agent = tier.grpc(secure.registry_config()).await;
+    let reference = format!("{}/lab/node@{digest}", secure.token);
+    let (mut pulls, mut unpacks) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        let tree = tempfile::tempdir().expect("tmp");
+        let t = Instant::now();
+        agent.pull(&reference, &index).await.expect("pull");
+        pulls.push(ms(t));
+        let t = Instant::now();
+        agent
+            .unpack_image_into(&index, &tree.path().join("kube1"))
+            .await
+            .expect("unpack");
+        unpacks.push(ms(t));
+        agent.remove_agent_image(&index).await.expect("remove");
+    }
+    let label = format!(
+        "node image {} on containerd {}",
+        &digest[..19],
+        tier.version
+    );
+    report(&format!("{label}: pull by digest, TLS + token"), &pulls);
+    report(&format!("{label}: unpack into a machine tree"), &unpacks);
+}
+
 async fn systemd_restarts() {
     let c = Container::up(&format!("fxbench-{}", std::process::id()));
     let sd = DbusSystemd::at_address(&c.bus)
@@ -204,5 +259,6 @@ async fn main() {
     pull_10mb(Flavor::V1_6).await;
     pull_10mb(Flavor::V2).await;
     agent_image_pull_and_check().await;
+    node_image_pull_and_unpack().await;
     systemd_restarts().await;
 }

@@ -33,6 +33,30 @@ fn bootstrap_token(lab: &Lab, ttl: &str) -> std::path::PathBuf {
     path
 }
 
+/// The token a `bootstrap-token` kubeconfig carries.
+fn token_of(kubeconfig: &Path) -> String {
+    let text = std::fs::read_to_string(kubeconfig).expect("bootstrap kubeconfig");
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("token: "))
+        .expect("a token line")
+        .to_string()
+}
+
+/// The client certificate a kubelet bootstrapped in `pki`, checked: for `node`, in
+/// `system:nodes`, signed by the lab's CA.
+fn assert_node_certificate(lab: &Lab, pki: &Path, node: &str) {
+    let cert = pki.join("kubelet-client-current.pem");
+    let subject = openssl(&["x509", "-noout", "-subject", "-in"], &cert);
+    assert!(
+        subject.contains("O = system:nodes")
+            && subject.contains(&format!("CN = system:node:{node}")),
+        "{subject}"
+    );
+    let ca = lab.dir.join("pki/ca.crt").display().to_string();
+    let verified = openssl(&["verify", "-CAfile", &ca], &cert);
+    assert!(verified.trim().ends_with(": OK"), "{verified}");
+}
+
 fn openssl(args: &[&str], file: &Path) -> String {
     let out = Command::new("openssl")
         .args(args)
@@ -95,22 +119,7 @@ fn a_kubelet_bootstraps_its_client_certificate_with_a_bootstrap_token() {
     assert!(!run.status.success(), "{log}");
     assert!(log.contains("validate CRI v1 runtime API"), "{log}");
 
-    let cert = w.join("pki/kubelet-client-current.pem");
-    let subject = openssl(&["x509", "-noout", "-subject", "-in"], &cert);
-    assert!(
-        subject.contains("O = system:nodes")
-            && subject.contains("CN = system:node:bootstrap-test-1"),
-        "{subject}"
-    );
-    let verified = openssl(
-        &[
-            "verify",
-            "-CAfile",
-            &lab.dir.join("pki/ca.crt").display().to_string(),
-        ],
-        &cert,
-    );
-    assert!(verified.trim().ends_with(": OK"), "{verified}");
+    assert_node_certificate(&lab, &w.join("pki"), "bootstrap-test-1");
     let (ok, csrs) = lab.kubectl(&[
         "get",
         "csr",
@@ -208,5 +217,97 @@ fn the_scheduler_schedules() {
             "not seen by the scheduler: {reason:?}"
         );
         std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// The files the agent writes into a machine (`machine_files`) are what the real kubelet
+/// bootstraps with. The kubelet runs on this host, so the machine's absolute paths are moved
+/// under a temporary root and its runtime socket to one that never answers.
+#[test]
+#[cfg_attr(
+    flexnode_skip = "controlplane",
+    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
+)]
+fn the_machine_files_bootstrap_the_real_kubelet() {
+    use flexnode::effects::host::{KUBELET_ENV, KubeletCredential, KubeletSettings, machine_files};
+    let lab = Lab::up_with_controllers();
+    let token = token_of(&bootstrap_token(&lab, "3600"));
+    let state = std::fs::read_to_string(lab.dir.join("state")).expect("state");
+    let server = state
+        .lines()
+        .find_map(|l| l.strip_prefix("APISERVER_URL="))
+        .expect("APISERVER_URL");
+    let ca = std::fs::read(lab.dir.join("pki/ca.crt")).expect("ca");
+    let files = machine_files(&KubeletSettings {
+        node_name: "machine-files-1",
+        server,
+        ca_pem: &ca,
+        credential: KubeletCredential::BootstrapToken(&token),
+        sandbox_image: "flexnode.invalid/pause:lab",
+        pod_cidr: "10.88.0.0/16",
+    })
+    .expect("files");
+    let work = tempfile::tempdir().expect("tmp");
+    let root = work.path();
+    let moved = |text: &str| {
+        text.replace(
+            "/etc/kubernetes/",
+            &format!("{}/etc/kubernetes/", root.display()),
+        )
+        .replace(
+            "/var/lib/kubelet/",
+            &format!("{}/var/lib/kubelet/", root.display()),
+        )
+        .replace(
+            "unix:///run/containerd/containerd.sock",
+            &format!("unix://{}/no-runtime.sock", root.display()),
+        )
+    };
+    for f in &files {
+        let path = root.join(&f.path);
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("dirs");
+        std::fs::write(&path, moved(&String::from_utf8_lossy(&f.contents))).expect("write");
+    }
+    let env = std::fs::read_to_string(root.join(KUBELET_ENV)).expect("env");
+    let args: Vec<&str> = env
+        .lines()
+        .find_map(|l| l.strip_prefix("KUBELET_ARGS="))
+        .expect("KUBELET_ARGS")
+        .split_whitespace()
+        .collect();
+    // A runtime socket that accepts and never answers: the kubelet waits on it while it
+    // bootstraps in the background (certificate rotation is on), then it is stopped.
+    let _runtime = std::os::unix::net::UnixListener::bind(root.join("no-runtime.sock"))
+        .expect("runtime socket");
+    let mut kubelet = Stopped(
+        Command::new(lab.bin().join("kubelet"))
+            .args(&args)
+            .arg(format!("--cert-dir={}/var/lib/kubelet/pki", root.display()))
+            .arg(format!("--root-dir={}/var/lib/kubelet", root.display()))
+            .current_dir(root)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("run kubelet"),
+    );
+    let cert = root.join("var/lib/kubelet/pki/kubelet-client-current.pem");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !cert.exists() && Instant::now() < deadline {
+        if let Some(status) = kubelet.0.try_wait().expect("wait") {
+            panic!("the kubelet exited ({status}) before its TLS bootstrap");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(kubelet);
+    assert_node_certificate(&lab, &root.join("var/lib/kubelet/pki"), "machine-files-1");
+}
+
+/// A child process killed (and reaped) when dropped, also when the test fails.
+struct Stopped(std::process::Child);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }

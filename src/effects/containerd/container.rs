@@ -479,9 +479,9 @@ impl GrpcContainerd {
         }
     }
 
-    /// The pulled image of `digest` (a record, agent-pulled preferred), resolved to its top
-    /// chainID (which must be unpacked in this snapshotter) and its config's Env and WorkingDir.
-    async fn image_for_container(&self, digest: &Sha256Hex) -> EffectResult<ImageForContainer> {
+    /// The platform manifest and config of pulled image `digest` (from its image record, an
+    /// agent-pulled one preferred), read back from the content store and verified.
+    pub(super) async fn pulled_manifest(&self, digest: &Sha256Hex) -> EffectResult<PulledManifest> {
         let want = digest.oci();
         let mut images: Vec<Image> = self
             .images()
@@ -537,6 +537,22 @@ impl GrpcContainerd {
             "config",
             "the content store",
         )?;
+        Ok(PulledManifest {
+            name: image.name,
+            manifest,
+            config,
+        })
+    }
+
+    /// The pulled image of `digest` (a record, agent-pulled preferred), resolved to its top
+    /// chainID (which must be unpacked in this snapshotter) and its config's Env and WorkingDir.
+    async fn image_for_container(&self, digest: &Sha256Hex) -> EffectResult<ImageForContainer> {
+        let PulledManifest {
+            name,
+            manifest,
+            config,
+        } = self.pulled_manifest(digest).await?;
+        let want = digest.oci();
         let diff_ids = config_diff_ids(&config, &manifest.config.digest)?;
         let top_chain_id = chain_ids(&diff_ids).pop().ok_or_else(|| {
             EffectError::Failed(format!("image {want}: the config lists no layers"))
@@ -568,12 +584,19 @@ impl GrpcContainerd {
             .unwrap_or("/")
             .to_string();
         Ok(ImageForContainer {
-            name: image.name,
+            name,
             top_chain_id,
             env,
             cwd,
         })
     }
+}
+
+/// A pulled image as the content store holds it: its record's name, platform manifest, config.
+pub(super) struct PulledManifest {
+    pub(super) name: String,
+    pub(super) manifest: Manifest,
+    pub(super) config: Vec<u8>,
 }
 
 fn is_managed(labels: &HashMap<String, String>) -> bool {

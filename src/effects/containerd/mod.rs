@@ -32,6 +32,7 @@ mod manifest;
 mod progress;
 mod pull;
 pub mod registry;
+mod rootfs;
 mod spec;
 mod unpack;
 

@@ -23,6 +23,7 @@
 mod candidate;
 mod exec;
 mod kernel;
+mod kubelet;
 mod layout;
 mod machines;
 mod root;
@@ -32,6 +33,10 @@ mod swap;
 pub use candidate::{CHECK_OUTPUT_MAX, CHECK_PATH, DEFAULT_CHECK_TIMEOUT};
 pub use exec::{HOST_EXEC_TIMEOUT, run_in_root};
 pub use kernel::KERNEL_MODULES;
+pub use kubelet::{
+    KUBELET_ENV, KubeletCredential, KubeletSettings, KubeletSettingsError, MachineFile,
+    machine_files,
+};
 pub use layout::{
     AGENT_IMAGE_NAME, AGENT_IMAGE_VAR, BIN_LINK_TARGET, HostLayout, agent_image_ref,
     image_ref_digest, running_build, slot_link_target,

@@ -1,0 +1,336 @@
+//! A pulled image unpacked into a directory — the tree an nspawn machine boots — layer by
+//! layer from the content store, as OCI says: whiteouts (`.wh.NAME`) remove what a lower layer
+//! put there, an opaque marker (`.wh..wh..opq`) empties its directory of the lower layers'
+//! entries, owners, modes, times and xattrs (file capabilities) are kept. Nothing lands outside
+//! the directory: the tar crate refuses `..` and links that lead out, and the paths whiteouts
+//! name are resolved inside it. Each layer's bytes are checked against its digest and its
+//! uncompressed stream against the config's diffID. containerd's own snapshots cannot be used
+//! here: they are mounts of its snapshotter, and a machine's tree must be a directory of its own.
+
+use super::container::PulledManifest;
+use super::manifest::config_diff_ids;
+use super::{GrpcContainerd, grpc_failed};
+use crate::effects::fs::{io_failed, remove_no_follow, remove_tree};
+use crate::effects::host::resolve_in_root;
+use crate::effects::{EffectError, EffectResult};
+use crate::machine::agent::Sha256Hex;
+use containerd_client::services::v1::ReadContentRequest;
+use sha2::{Digest, Sha256};
+use std::collections::HashSet;
+use std::ffi::OsStr;
+use std::io::Read;
+use std::path::{Component, Path, PathBuf};
+
+/// Chunks in flight between the content stream and the unpacking thread.
+const CHANNEL_DEPTH: usize = 16;
+const OPAQUE: &str = ".wh..wh..opq";
+const WHITEOUT: &str = ".wh.";
+
+#[derive(Clone, Copy, Debug)]
+enum Compression {
+    None,
+    Gzip,
+}
+
+impl Compression {
+    fn of(media_type: &str) -> EffectResult<Self> {
+        match media_type {
+            "application/vnd.oci.image.layer.v1.tar"
+            | "application/vnd.docker.image.rootfs.diff.tar" => Ok(Self::None),
+            "application/vnd.oci.image.layer.v1.tar+gzip"
+            | "application/vnd.docker.image.rootfs.diff.tar.gzip" => Ok(Self::Gzip),
+            other => Err(EffectError::Failed(format!(
+                "layer media type {other} is not supported for a machine's tree (tar or tar+gzip)"
+            ))),
+        }
+    }
+}
+
+impl GrpcContainerd {
+    /// Unpacks pulled image `digest` into `dir` (created if missing). Applying the same image
+    /// again onto a partly unpacked `dir` finishes it: entries are overwritten.
+    pub async fn unpack_image_into(&self, digest: &Sha256Hex, dir: &Path) -> EffectResult {
+        let PulledManifest {
+            manifest, config, ..
+        } = self.pulled_manifest(digest).await?;
+        let diff_ids = config_diff_ids(&config, &manifest.config.digest)?;
+        if diff_ids.len() != manifest.layers.len() {
+            return Err(EffectError::Failed(format!(
+                "image {}: {} layers but {} diffIDs",
+                digest.oci(),
+                manifest.layers.len(),
+                diff_ids.len()
+            )));
+        }
+        std::fs::create_dir_all(dir).map_err(|e| io_failed("create", dir, &e))?;
+        for (layer, diff_id) in manifest.layers.iter().zip(diff_ids) {
+            let compression = Compression::of(&layer.media_type)?;
+            let (tx, rx) = tokio::sync::mpsc::channel(CHANNEL_DEPTH);
+            let target = dir.to_path_buf();
+            let what = layer.digest.clone();
+            let apply = tokio::task::spawn_blocking(move || {
+                apply_layer(
+                    ChannelReader::new(rx),
+                    compression,
+                    &target,
+                    &what,
+                    &diff_id,
+                )
+            });
+            let streamed = self.stream_layer(&layer.digest, tx).await;
+            let applied = apply
+                .await
+                .map_err(|e| EffectError::Failed(format!("unpack {}: {e}", layer.digest)))?;
+            // A stream error surfaces on both sides; the stream's own message says more.
+            streamed?;
+            applied?;
+        }
+        Ok(())
+    }
+
+    /// Sends the blob's bytes to `tx`, checking them against `digest` on the way; the
+    /// receiving side sees an error instead of the end when the bytes are wrong.
+    async fn stream_layer(
+        &self,
+        digest: &str,
+        tx: tokio::sync::mpsc::Sender<std::io::Result<Vec<u8>>>,
+    ) -> EffectResult {
+        let mut stream = self
+            .content()
+            .read(self.req(
+                ReadContentRequest {
+                    digest: digest.to_string(),
+                    offset: 0,
+                    size: 0,
+                },
+                None,
+            ))
+            .await
+            .map_err(|s| grpc_failed(&format!("read layer {digest}"), &s))?
+            .into_inner();
+        let mut hash = Sha256::new();
+        loop {
+            match stream.message().await {
+                Ok(Some(msg)) => {
+                    hash.update(&msg.data);
+                    if tx.send(Ok(msg.data)).await.is_err() {
+                        // The unpacking side stopped: its error is the one to report.
+                        return Ok(());
+                    }
+                }
+                Ok(None) => break,
+                Err(s) => {
+                    let e = grpc_failed(&format!("read layer {digest}"), &s);
+                    let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
+                    return Err(e);
+                }
+            }
+        }
+        let got = format!("sha256:{}", hex::encode(hash.finalize()));
+        if got != digest {
+            let e = EffectError::Failed(format!("layer {digest}: the content store holds {got}"));
+            let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
+            return Err(e);
+        }
+        Ok(())
+    }
+}
+
+/// The blocking half: decompress, hash, apply.
+fn apply_layer(
+    src: ChannelReader,
+    compression: Compression,
+    dir: &Path,
+    layer: &str,
+    diff_id: &str,
+) -> EffectResult {
+    let stream: Box<dyn Read> = match compression {
+        Compression::None => Box::new(src),
+        Compression::Gzip => Box::new(flate2::read::GzDecoder::new(src)),
+    };
+    let mut archive = tar::Archive::new(Hashing::new(stream));
+    archive.set_preserve_permissions(true);
+    archive.set_preserve_ownerships(true);
+    archive.set_preserve_mtime(true);
+    archive.set_unpack_xattrs(true);
+    archive.set_overwrite(true);
+    let failed = |e: std::io::Error| EffectError::Failed(format!("layer {layer}: {}", chain(&e)));
+    // What this layer put in place: an opaque marker keeps it.
+    let mut own: HashSet<PathBuf> = HashSet::new();
+    for entry in archive.entries().map_err(failed)? {
+        let mut entry = entry.map_err(failed)?;
+        let path = entry.path().map_err(failed)?.into_owned();
+        let rel = relative(&path).ok_or_else(|| {
+            EffectError::Failed(format!(
+                "layer {layer}: entry {} leaves the tree",
+                path.display()
+            ))
+        })?;
+        let Some(name) = rel.file_name().and_then(OsStr::to_str) else {
+            continue;
+        };
+        let parent = rel.parent().unwrap_or(Path::new(""));
+        if name == OPAQUE {
+            empty_dir(dir, parent, &own)?;
+        } else if let Some(hidden) = name.strip_prefix(WHITEOUT) {
+            let target = resolve_in_root(dir, &parent.join(hidden))
+                .map_err(|e| io_failed("resolve", &dir.join(parent).join(hidden), &e))?;
+            remove_any(&target)?;
+        } else {
+            // Unpacked again after a crash: a link cannot be made over what is there.
+            if !entry.header().entry_type().is_dir() {
+                let parent = resolve_in_root(dir, parent)
+                    .map_err(|e| io_failed("resolve", &dir.join(parent), &e))?;
+                let at = parent.join(name);
+                if std::fs::symlink_metadata(&at).is_ok_and(|m| !m.is_dir()) {
+                    remove_no_follow(&at)?;
+                }
+            }
+            entry.unpack_in(dir).map_err(failed)?;
+            own.insert(rel);
+        }
+    }
+    let mut rest = archive.into_inner();
+    std::io::copy(&mut rest, &mut std::io::sink()).map_err(failed)?;
+    let got = rest.digest();
+    if got != diff_id {
+        return Err(EffectError::Failed(format!(
+            "layer {layer}: its uncompressed bytes are {got}, not the config's diffID {diff_id}"
+        )));
+    }
+    Ok(())
+}
+
+/// An error and its sources: the tar crate puts the cause in the source.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// `path` as a relative path of normal components; `None` if it climbs with `..`.
+fn relative(path: &Path) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::Normal(p) => out.push(p),
+            Component::CurDir | Component::RootDir | Component::Prefix(_) => {}
+            Component::ParentDir => return None,
+        }
+    }
+    Some(out)
+}
+
+/// Removes what the lower layers left in `parent` (inside `dir`); this layer's own entries stay.
+fn empty_dir(dir: &Path, parent: &Path, own: &HashSet<PathBuf>) -> EffectResult {
+    let target = resolve_in_root(dir, parent).map_err(|e| io_failed("resolve", parent, &e))?;
+    let children = match std::fs::read_dir(&target) {
+        Ok(children) => children,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_failed("list", &target, &e)),
+    };
+    for child in children {
+        let child = child.map_err(|e| io_failed("list", &target, &e))?;
+        if !own.contains(&parent.join(child.file_name())) {
+            remove_any(&child.path())?;
+        }
+    }
+    Ok(())
+}
+
+/// A file, link or whole directory; never what a link points to; absent is fine.
+fn remove_any(path: &Path) -> EffectResult {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_failed("inspect", path, &e)),
+        Ok(m) if m.is_dir() => remove_tree(path),
+        Ok(_) => remove_no_follow(path),
+    }
+}
+
+/// The receiving end of the content stream as a `Read`.
+struct ChannelReader {
+    rx: tokio::sync::mpsc::Receiver<std::io::Result<Vec<u8>>>,
+    chunk: Vec<u8>,
+    at: usize,
+}
+
+impl ChannelReader {
+    fn new(rx: tokio::sync::mpsc::Receiver<std::io::Result<Vec<u8>>>) -> Self {
+        Self {
+            rx,
+            chunk: Vec::new(),
+            at: 0,
+        }
+    }
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.at == self.chunk.len() {
+            match self.rx.blocking_recv() {
+                None => return Ok(0),
+                Some(chunk) => {
+                    self.chunk = chunk?;
+                    self.at = 0;
+                }
+            }
+        }
+        let n = buf.len().min(self.chunk.len() - self.at);
+        buf[..n].copy_from_slice(&self.chunk[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
+/// A reader that hashes what passes through it.
+struct Hashing<R> {
+    inner: R,
+    hash: Sha256,
+}
+
+impl<R: Read> Hashing<R> {
+    fn new(inner: R) -> Self {
+        Self {
+            inner,
+            hash: Sha256::new(),
+        }
+    }
+
+    fn digest(self) -> String {
+        format!("sha256:{}", hex::encode(self.hash.finalize()))
+    }
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hash.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_that_climb_are_refused() {
+        assert_eq!(relative(Path::new("./etc/x")), Some(PathBuf::from("etc/x")));
+        assert_eq!(relative(Path::new("/etc/x")), Some(PathBuf::from("etc/x")));
+        assert_eq!(relative(Path::new("etc/../../x")), None);
+    }
+
+    #[test]
+    fn only_tar_and_gzip_layers() {
+        assert!(Compression::of("application/vnd.oci.image.layer.v1.tar+gzip").is_ok());
+        assert!(Compression::of("application/vnd.oci.image.layer.v1.tar").is_ok());
+        let e = Compression::of("application/vnd.oci.image.layer.v1.tar+zstd").expect_err("zstd");
+        assert!(e.to_string().contains("not supported"), "{e}");
+    }
+}
