@@ -1,7 +1,8 @@
 //! Runs a lab's named-check suite (`e2e/run host`, `e2e/container/run suite`) and holds it to
 //! its own list: the test passes only when every check the suite defines (`--list`) printed
 //! `PASS`, the summary says so, and the script exited 0. An inherited `SUITE_ARGS` is removed,
-//! so nothing can shrink the suite. The output is streamed as it comes.
+//! so nothing can shrink the suite. The output is streamed as it comes, each line prefixed
+//! with the suite's tag: the two install suites run side by side (`tests/install_suites.rs`).
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
@@ -12,6 +13,7 @@ use std::time::Instant;
 
 fn forward(
     stream: impl std::io::Read + Send + 'static,
+    tag: &'static str,
     keep: Arc<Mutex<Vec<String>>>,
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
@@ -19,7 +21,7 @@ fn forward(
             let Ok(line) = line else { break };
             // Straight to the terminal (libtest captures only the print macros).
             let mut err = std::io::stderr().lock();
-            let _ = writeln!(err, "{line}");
+            let _ = writeln!(err, "[{tag}] {line}");
             let _ = err.flush();
             if let Ok(mut k) = keep.lock() {
                 k.push(line);
@@ -50,8 +52,8 @@ fn check_name<'a>(line: &'a str, prefix: &str) -> Option<&'a str> {
 }
 
 /// Runs `script` (relative to the repository) with `args`; `suite` is the suite it runs,
-/// which must define at least `at_least` checks.
-pub fn passes(script: &str, args: &[&str], suite: &str, at_least: usize) {
+/// which must define at least `at_least` checks; `tag` prefixes its output lines.
+pub fn passes(tag: &'static str, script: &str, args: &[&str], suite: &str, at_least: usize) {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let want = defined_checks(repo, suite, at_least);
     let t = Instant::now();
@@ -68,8 +70,8 @@ pub fn passes(script: &str, args: &[&str], suite: &str, at_least: usize) {
         .unwrap_or_else(|e| panic!("start {script}: {e}"));
     let out = Arc::new(Mutex::new(Vec::new()));
     let err = Arc::new(Mutex::new(Vec::new()));
-    let h1 = forward(child.stdout.take().expect("stdout"), out.clone());
-    let h2 = forward(child.stderr.take().expect("stderr"), err.clone());
+    let h1 = forward(child.stdout.take().expect("stdout"), tag, out.clone());
+    let h2 = forward(child.stderr.take().expect("stderr"), tag, err.clone());
     let status = child
         .wait()
         .unwrap_or_else(|e| panic!("wait for {script}: {e}"));

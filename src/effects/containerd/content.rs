@@ -11,8 +11,9 @@ use crate::effects::{EffectError, EffectResult};
 use crate::machine::Timestamp;
 use containerd_client::services::v1::{
     AbortRequest, CreateRequest as CreateLeaseRequest, DeleteRequest as DeleteLeaseRequest,
-    Info as ContentInfo, InfoRequest, ReadContentRequest, UpdateRequest as UpdateContentRequest,
-    WriteAction, WriteContentRequest, leases_client::LeasesClient,
+    Info as ContentInfo, InfoRequest, ReadContentRequest, ReadContentResponse,
+    UpdateRequest as UpdateContentRequest, WriteAction, WriteContentRequest,
+    leases_client::LeasesClient,
 };
 use containerd_client::tonic::{Code, Status};
 use containerd_client::types::Descriptor;
@@ -87,6 +88,27 @@ impl GrpcContainerd {
         }
     }
 
+    /// The blob `digest` as the content store streams it.
+    pub(super) async fn content_stream(
+        &self,
+        digest: &str,
+        lease: Option<&str>,
+    ) -> EffectResult<containerd_client::tonic::Streaming<ReadContentResponse>> {
+        Ok(self
+            .content()
+            .read(self.req(
+                ReadContentRequest {
+                    digest: digest.to_string(),
+                    offset: 0,
+                    size: 0,
+                },
+                lease,
+            ))
+            .await
+            .map_err(|s| grpc_failed(&format!("read content {digest}"), &s))?
+            .into_inner())
+    }
+
     pub(super) async fn read_content(
         &self,
         digest: &str,
@@ -98,19 +120,7 @@ impl GrpcContainerd {
                 "content {digest}: size {size} is over the {MAX_SMALL_BLOB}-byte limit"
             )));
         }
-        let mut stream = self
-            .content()
-            .read(self.req(
-                ReadContentRequest {
-                    digest: digest.to_string(),
-                    offset: 0,
-                    size: 0,
-                },
-                lease,
-            ))
-            .await
-            .map_err(|s| grpc_failed("read content", &s))?
-            .into_inner();
+        let mut stream = self.content_stream(digest, lease).await?;
         let mut bytes = Vec::with_capacity(size as usize);
         while let Some(msg) = stream
             .message()

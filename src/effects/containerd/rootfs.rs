@@ -14,7 +14,6 @@ use crate::effects::fs::{io_failed, remove_no_follow, remove_tree};
 use crate::effects::host::resolve_in_root;
 use crate::effects::{EffectError, EffectResult};
 use crate::machine::agent::Sha256Hex;
-use containerd_client::services::v1::ReadContentRequest;
 use sha2::{Digest, Sha256};
 use std::collections::HashSet;
 use std::ffi::OsStr;
@@ -95,19 +94,7 @@ impl GrpcContainerd {
         digest: &str,
         tx: tokio::sync::mpsc::Sender<std::io::Result<Vec<u8>>>,
     ) -> EffectResult {
-        let mut stream = self
-            .content()
-            .read(self.req(
-                ReadContentRequest {
-                    digest: digest.to_string(),
-                    offset: 0,
-                    size: 0,
-                },
-                None,
-            ))
-            .await
-            .map_err(|s| grpc_failed(&format!("read layer {digest}"), &s))?
-            .into_inner();
+        let mut stream = self.content_stream(digest, None).await?;
         let mut hash = Sha256::new();
         loop {
             match stream.message().await {
