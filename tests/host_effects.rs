@@ -1075,13 +1075,8 @@ async fn runtime_files_are_found_and_wiped() {
 #[tokio::test]
 async fn kernel_modules_are_listed_for_boots_and_wiped() {
     let fx = fixture();
-    for (name, _) in flexnode::effects::host::KERNEL_MODULES {
-        let present = match name {
-            "overlay" => std::fs::read_to_string("/proc/filesystems")
-                .expect("filesystems")
-                .contains("\toverlay\n"),
-            _ => std::path::Path::new("/proc/sys/net/bridge").exists(),
-        };
+    for (name, probe) in flexnode::effects::host::KERNEL_MODULES {
+        let present = probe.present().expect("probe");
         assert!(present, "this test needs {name} in the kernel already");
     }
     fx.host.load_kernel_modules().await.expect("load");

@@ -2,9 +2,9 @@
 //! (`e2e/controlplane/run`, with kube-controller-manager and kube-scheduler) and the real
 //! kubelet built from the same pinned modules: a bootstrap token gets the kubelet a client
 //! certificate (TLS bootstrap: its CSR approved and signed by kube-controller-manager), an
-//! expired token gets nothing, and the scheduler is at work. The kubelet runs on this host only
-//! until its TLS bootstrap is done: it is given no container runtime, so it exits there, with
-//! every file it writes under a temporary directory.
+//! expired token gets nothing, and the scheduler judges a pod (unschedulable: no node yet). The kubelet runs on this host only
+//! until its TLS bootstrap is done: its runtime socket never answers, so it runs nothing, and it
+//! is stopped once it has its certificate, every file it wrote under a temporary directory.
 
 mod support;
 
@@ -57,6 +57,42 @@ fn assert_node_certificate(lab: &Lab, pki: &Path, node: &str) {
     assert!(verified.trim().ends_with(": OK"), "{verified}");
 }
 
+/// Runs the lab's kubelet with `args` until it has bootstrapped its client certificate, then
+/// stops it; returns its certificate directory. Its state goes under `root`, and its runtime
+/// is a socket there that accepts and never answers: the kubelet waits on it (whether it
+/// bootstraps first or, with certificate rotation, in the background) instead of running
+/// anything on this host.
+fn bootstrapped(lab: &Lab, root: &Path, args: &[String]) -> std::path::PathBuf {
+    let _runtime =
+        std::os::unix::net::UnixListener::bind(root.join("no-runtime.sock")).expect("runtime");
+    let pki = root.join("var/lib/kubelet/pki");
+    let mut kubelet = Stopped(
+        Command::new(lab.bin().join("kubelet"))
+            .args(args)
+            .arg(format!("--cert-dir={}", pki.display()))
+            .arg(format!("--root-dir={}/var/lib/kubelet", root.display()))
+            .current_dir(root)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("run kubelet"),
+    );
+    let cert = pki.join("kubelet-client-current.pem");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !cert.exists() {
+        if let Some(status) = kubelet.0.try_wait().expect("wait") {
+            panic!("the kubelet exited ({status}) before its TLS bootstrap");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no client certificate after 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(kubelet);
+    pki
+}
+
 fn openssl(args: &[&str], file: &Path) -> String {
     let out = Command::new("openssl")
         .args(args)
@@ -104,22 +140,17 @@ fn a_kubelet_bootstraps_its_client_certificate_with_a_bootstrap_token() {
         ),
     )
     .expect("kubelet config");
-    let run = Command::new(&kubelet)
-        .arg(format!("--config={}/config.yaml", w.display()))
-        .arg(format!("--bootstrap-kubeconfig={}", bootstrap.display()))
-        .arg(format!("--kubeconfig={}/kubelet.kubeconfig", w.display()))
-        .arg(format!("--cert-dir={}/pki", w.display()))
-        .arg(format!("--root-dir={}/root", w.display()))
-        .arg("--hostname-override=bootstrap-test-1")
-        .current_dir(w)
-        .output()
-        .expect("run kubelet");
-    let log = text(&run);
-    // No runtime: it stops right after the bootstrap, where it validates the CRI endpoint.
-    assert!(!run.status.success(), "{log}");
-    assert!(log.contains("validate CRI v1 runtime API"), "{log}");
-
-    assert_node_certificate(&lab, &w.join("pki"), "bootstrap-test-1");
+    let pki = bootstrapped(
+        &lab,
+        w,
+        &[
+            format!("--config={}/config.yaml", w.display()),
+            format!("--bootstrap-kubeconfig={}", bootstrap.display()),
+            format!("--kubeconfig={}/kubelet.kubeconfig", w.display()),
+            "--hostname-override=bootstrap-test-1".to_string(),
+        ],
+    );
+    assert_node_certificate(&lab, &pki, "bootstrap-test-1");
     let (ok, csrs) = lab.kubectl(&[
         "get",
         "csr",
@@ -180,7 +211,7 @@ fn an_expired_bootstrap_token_is_refused() {
     flexnode_skip = "controlplane",
     ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
 )]
-fn the_scheduler_schedules() {
+fn the_scheduler_marks_a_pod_unschedulable_while_no_node_exists() {
     let lab = Lab::up_with_controllers();
     let deadline = Instant::now() + Duration::from_secs(60);
     // A fresh cluster: the namespace's default service account comes a moment after.
@@ -222,7 +253,7 @@ fn the_scheduler_schedules() {
 
 /// The files the agent writes into a machine (`machine_files`) are what the real kubelet
 /// bootstraps with. The kubelet runs on this host, so the machine's absolute paths are moved
-/// under a temporary root and its runtime socket to one that never answers.
+/// under a temporary root (`bootstrapped` gives it a runtime socket that never answers).
 #[test]
 #[cfg_attr(
     flexnode_skip = "controlplane",
@@ -232,15 +263,11 @@ fn the_machine_files_bootstrap_the_real_kubelet() {
     use flexnode::effects::host::{KUBELET_ENV, KubeletCredential, KubeletSettings, machine_files};
     let lab = Lab::up_with_controllers();
     let token = token_of(&bootstrap_token(&lab, "3600"));
-    let state = std::fs::read_to_string(lab.dir.join("state")).expect("state");
-    let server = state
-        .lines()
-        .find_map(|l| l.strip_prefix("APISERVER_URL="))
-        .expect("APISERVER_URL");
+    let server = lab.state("APISERVER_URL");
     let ca = std::fs::read(lab.dir.join("pki/ca.crt")).expect("ca");
     let files = machine_files(&KubeletSettings {
         node_name: "machine-files-1",
-        server,
+        server: &server,
         ca_pem: &ca,
         credential: KubeletCredential::BootstrapToken(&token),
         sandbox_image: "flexnode.invalid/pause:lab",
@@ -269,37 +296,15 @@ fn the_machine_files_bootstrap_the_real_kubelet() {
         std::fs::write(&path, moved(&String::from_utf8_lossy(&f.contents))).expect("write");
     }
     let env = std::fs::read_to_string(root.join(KUBELET_ENV)).expect("env");
-    let args: Vec<&str> = env
+    let args: Vec<String> = env
         .lines()
         .find_map(|l| l.strip_prefix("KUBELET_ARGS="))
         .expect("KUBELET_ARGS")
         .split_whitespace()
+        .map(str::to_string)
         .collect();
-    // A runtime socket that accepts and never answers: the kubelet waits on it while it
-    // bootstraps in the background (certificate rotation is on), then it is stopped.
-    let _runtime = std::os::unix::net::UnixListener::bind(root.join("no-runtime.sock"))
-        .expect("runtime socket");
-    let mut kubelet = Stopped(
-        Command::new(lab.bin().join("kubelet"))
-            .args(&args)
-            .arg(format!("--cert-dir={}/var/lib/kubelet/pki", root.display()))
-            .arg(format!("--root-dir={}/var/lib/kubelet", root.display()))
-            .current_dir(root)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("run kubelet"),
-    );
-    let cert = root.join("var/lib/kubelet/pki/kubelet-client-current.pem");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !cert.exists() && Instant::now() < deadline {
-        if let Some(status) = kubelet.0.try_wait().expect("wait") {
-            panic!("the kubelet exited ({status}) before its TLS bootstrap");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    drop(kubelet);
-    assert_node_certificate(&lab, &root.join("var/lib/kubelet/pki"), "machine-files-1");
+    let pki = bootstrapped(&lab, root, &args);
+    assert_node_certificate(&lab, &pki, "machine-files-1");
 }
 
 /// A child process killed (and reaped) when dropped, also when the test fails.

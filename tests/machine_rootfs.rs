@@ -102,8 +102,14 @@ fn sha(bytes: &[u8]) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
 }
 
-/// An OCI layout at `dir` of one amd64 image of `layers` (gzip); pushed, its manifest digest.
-fn push_image(tier: &Tier, dir: &Path, repo: &str, layers: &[Vec<u8>]) -> Sha256Hex {
+/// An OCI layout at `dir` of one amd64 image of `layers` (gzip) pushed to the tier's registry
+/// as `repo` and pulled by its index digest; the agent's client and that digest.
+async fn pushed_and_pulled(
+    tier: &Tier,
+    dir: &Path,
+    repo: &str,
+    layers: &[Vec<u8>],
+) -> (GrpcContainerd, Sha256Hex) {
     let blobs = dir.join("blobs/sha256");
     std::fs::create_dir_all(&blobs).expect("blobs");
     let put = |bytes: &[u8]| -> (String, usize) {
@@ -139,19 +145,16 @@ fn push_image(tier: &Tier, dir: &Path, repo: &str, layers: &[Vec<u8>]) -> Sha256
     std::fs::write(dir.join("index.json"), top.to_string()).expect("index.json");
     std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).expect("layout");
     let (pushed, _) = support::image::push(dir, &format!("{}/{repo}:t", tier.registry), None);
-    Sha256Hex::parse(&pushed).expect("pushed digest")
-}
-
-async fn pulled(tier: &Tier, repo: &str, digest: &Sha256Hex) -> GrpcContainerd {
+    let digest = Sha256Hex::parse(&pushed).expect("pushed digest");
     let agent = GrpcContainerd::connect(&tier.socket, NS)
         .await
         .expect("connect")
         .with_snapshotter(&snapshotter());
     agent
-        .pull(&tier.reference(repo, digest), digest)
+        .pull(&tier.reference(repo, &digest), &digest)
         .await
         .expect("pull");
-    agent
+    (agent, digest)
 }
 
 async fn layers_apply_in_order_with_whiteouts_and_metadata(flavor: Flavor) {
@@ -176,13 +179,13 @@ async fn layers_apply_in_order_with_whiteouts_and_metadata(flavor: Flavor) {
         E::File("opaque/new", b"upper\n", 0o600, 0),
         E::File("etc/keep", b"replaced\n", 0o640, 0),
     ]);
-    let digest = push_image(
+    let (agent, digest) = pushed_and_pulled(
         &tier,
         &work.path().join("layout"),
         "e2e/rootfs",
         &[lower, upper],
-    );
-    let agent = pulled(&tier, "e2e/rootfs", &digest).await;
+    )
+    .await;
     let tree = work.path().join("tree");
     agent
         .unpack_image_into(&digest, &tree)
@@ -243,13 +246,13 @@ async fn a_layer_reaching_outside_through_a_symlink_is_refused(flavor: Flavor) {
         E::File("escape/.wh.sentinel", b"", 0o644, 0),
         E::File("escape/planted", b"planted\n", 0o644, 0),
     ]);
-    let digest = push_image(
+    let (agent, digest) = pushed_and_pulled(
         &tier,
         &work.path().join("layout"),
         "e2e/escape",
         &[lower, upper],
-    );
-    let agent = pulled(&tier, "e2e/escape", &digest).await;
+    )
+    .await;
     let tree = work.path().join("tree");
     let err = agent
         .unpack_image_into(&digest, &tree)

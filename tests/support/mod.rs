@@ -82,14 +82,20 @@ impl Lab {
         self.dir.join(format!("nodes/{node}.kubeconfig"))
     }
 
-    /// The directory of the lab's Kubernetes binaries (its state's `BIN=`).
-    pub fn bin(&self) -> PathBuf {
+    /// A value of the lab's `state` file (`KEY=value` lines).
+    pub fn state(&self, key: &str) -> String {
         let state = std::fs::read_to_string(self.dir.join("state")).expect("read the lab's state");
-        let bin = state
+        let prefix = format!("{key}=");
+        state
             .lines()
-            .find_map(|l| l.strip_prefix("BIN="))
-            .expect("BIN= in the lab's state");
-        PathBuf::from(bin)
+            .find_map(|l| l.strip_prefix(&prefix))
+            .unwrap_or_else(|| panic!("{key}= in the lab's state"))
+            .to_string()
+    }
+
+    /// The directory of the lab's Kubernetes binaries.
+    pub fn bin(&self) -> PathBuf {
+        PathBuf::from(self.state("BIN"))
     }
 
     /// The lab's kubectl with the admin kubeconfig: (success, stdout + stderr).

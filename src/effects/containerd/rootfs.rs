@@ -162,7 +162,7 @@ fn apply_layer(
         } else if let Some(hidden) = name.strip_prefix(WHITEOUT) {
             let target = resolve_in_root(dir, &parent.join(hidden))
                 .map_err(|e| io_failed("resolve", &dir.join(parent).join(hidden), &e))?;
-            remove_any(&target)?;
+            remove_tree(&target)?;
         } else {
             // Unpacked again after a crash: a link cannot be made over what is there.
             if !entry.header().entry_type().is_dir() {
@@ -224,20 +224,10 @@ fn empty_dir(dir: &Path, parent: &Path, own: &HashSet<PathBuf>) -> EffectResult 
     for child in children {
         let child = child.map_err(|e| io_failed("list", &target, &e))?;
         if !own.contains(&parent.join(child.file_name())) {
-            remove_any(&child.path())?;
+            remove_tree(&child.path())?;
         }
     }
     Ok(())
-}
-
-/// A file, link or whole directory; never what a link points to; absent is fine.
-fn remove_any(path: &Path) -> EffectResult {
-    match std::fs::symlink_metadata(path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(io_failed("inspect", path, &e)),
-        Ok(m) if m.is_dir() => remove_tree(path),
-        Ok(_) => remove_no_follow(path),
-    }
 }
 
 /// The receiving end of the content stream as a `Read`.

@@ -14,6 +14,18 @@ pub const CHECK_PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
 pub const DEFAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(30);
 /// How much of the candidate's output is kept.
 pub const CHECK_OUTPUT_MAX: u64 = 4096;
+/// `program` as the agent runs host programs: no shell, nothing of the environment but
+/// [`CHECK_PATH`], `/` as its directory, stdin from /dev/null, killed when its handle drops.
+pub(super) fn bare_command(program: impl AsRef<std::ffi::OsStr>) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.env_clear()
+        .env("PATH", CHECK_PATH)
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    cmd
+}
+
 /// Runs `<binary> version` without a shell, with only `PATH` set, stdin from /dev/null, at most
 /// [`CHECK_OUTPUT_MAX`] bytes of stdout kept, killed after `timeout`.
 pub(super) async fn run_version(
@@ -24,15 +36,10 @@ pub(super) async fn run_version(
     use tokio::io::AsyncReadExt;
     let mut attempts = 0;
     let mut child = loop {
-        let spawned = tokio::process::Command::new(binary)
+        let spawned = bare_command(binary)
             .arg("version")
-            .env_clear()
-            .env("PATH", CHECK_PATH)
-            .current_dir("/")
-            .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
-            .kill_on_drop(true)
             .spawn();
         match spawned {
             Ok(child) => break child,

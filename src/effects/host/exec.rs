@@ -6,7 +6,7 @@
 //! install the root is `/` and the program runs directly. Either way: no shell, only `PATH` in
 //! the environment, stdin from /dev/null, bounded in time and output.
 
-use super::candidate::CHECK_PATH;
+use super::candidate::bare_command;
 use crate::effects::{EffectError, EffectResult};
 use std::path::Path;
 use std::process::Stdio;
@@ -27,9 +27,9 @@ pub async fn run_in_root(
     timeout: Duration,
 ) -> EffectResult {
     let mut cmd = if root == Path::new("/") {
-        tokio::process::Command::new(program)
+        bare_command(program)
     } else {
-        let mut c = tokio::process::Command::new(agent);
+        let mut c = bare_command(agent);
         c.arg("host-exec")
             .arg("--root")
             .arg(root)
@@ -37,14 +37,7 @@ pub async fn run_in_root(
             .arg(program);
         c
     };
-    cmd.args(args)
-        .env_clear()
-        .env("PATH", CHECK_PATH)
-        .current_dir("/")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+    cmd.args(args).stdout(Stdio::null()).stderr(Stdio::piped());
     let what = format!("host {program}");
     let run = cmd.output();
     let out = match tokio::time::timeout(timeout, run).await {

@@ -27,7 +27,7 @@ pub enum Probe {
 }
 
 impl Probe {
-    fn present(self) -> EffectResult<bool> {
+    pub fn present(self) -> EffectResult<bool> {
         match self {
             Self::Filesystem(name) => {
                 let text = read_small(Path::new("/proc/filesystems"), 1 << 16, true)?;
@@ -55,24 +55,23 @@ const MODPROBE: [&str; 2] = ["/usr/sbin/modprobe", "/sbin/modprobe"];
 impl FsHost {
     /// Persists the list for later boots, then loads what is missing now.
     pub(super) async fn ensure_kernel_modules(&self) -> EffectResult {
-        let layout = self.layout.clone();
-        let missing = tokio::task::spawn_blocking(move || {
-            let path = layout.modules_load();
-            let text = modules_load_text();
-            if read_small(&path, 1 << 16, false)?.as_deref() != Some(text.as_str()) {
-                create_parents(&path)?;
-                write_file_atomic(&path, text.as_bytes(), 0o644)?;
-            }
-            let mut missing = Vec::new();
-            for (name, probe) in KERNEL_MODULES {
-                if !probe.present()? {
-                    missing.push(name);
+        let missing = self
+            .blocking(|h| {
+                let path = h.layout.modules_load();
+                let text = modules_load_text();
+                if read_small(&path, 1 << 16, false)?.as_deref() != Some(text.as_str()) {
+                    create_parents(&path)?;
+                    write_file_atomic(&path, text.as_bytes(), 0o644)?;
                 }
-            }
-            Ok::<_, EffectError>(missing)
-        })
-        .await
-        .map_err(|e| EffectError::Failed(format!("kernel modules: {e}")))??;
+                let mut missing = Vec::new();
+                for (name, probe) in KERNEL_MODULES {
+                    if !probe.present()? {
+                        missing.push(name);
+                    }
+                }
+                Ok(missing)
+            })
+            .await?;
         if missing.is_empty() {
             return Ok(());
         }
