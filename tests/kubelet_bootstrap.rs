@@ -2,9 +2,10 @@
 //! (`e2e/controlplane/run`, with kube-controller-manager and kube-scheduler) and the real
 //! kubelet built from the same pinned modules: a bootstrap token gets the kubelet a client
 //! certificate (TLS bootstrap: its CSR approved and signed by kube-controller-manager), an
-//! expired token gets nothing, and the scheduler judges a pod (unschedulable: no node yet). The kubelet runs on this host only
-//! until its TLS bootstrap is done: its runtime socket never answers, so it runs nothing, and it
-//! is stopped once it has its certificate, every file it wrote under a temporary directory.
+//! expired token gets nothing, and the scheduler judges a pod (unschedulable: no node yet).
+//! The kubelet runs on this host only until its TLS bootstrap is done: its runtime socket never
+//! answers, so it runs nothing, and it is stopped once it has its certificate, every file it
+//! wrote under a temporary directory.
 
 mod support;
 
