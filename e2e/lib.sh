@@ -71,3 +71,42 @@ next_bin() {
     || die "cargo build of the next build failed"
   echo "$target/debug/flexnode"
 }
+
+# node_images REGISTRY CA CREDENTIALS: the node's images built offline (e2e/node-image/build)
+# and pushed to the lab's registry at REGISTRY (host loopback, TLS with CA, auth with
+# CREDENTIALS): the machines' rootfs (flexnode/node:K8S_VERSION), the pod sandbox
+# (flexnode/pause) and the workload (flexnode/busybox); their digests in DIR/state as
+# NODE_IMAGE, PAUSE_IMAGE, BUSYBOX_IMAGE. Needs the control plane built (the kubelet).
+node_images() {
+  local registry=$1 ca=$2 creds=$3 what repo digest pushed
+  for what in node:node:"$K8S_VERSION" pause:pause:3.10 busybox:busybox:lab; do
+    IFS=: read -r what repo tag <<< "$what"
+    digest=$("$REPO/e2e/node-image/build" build "$what" 2>> "$DIR/logs/node-image.log") \
+      || die "e2e/node-image/build build $what failed (see $DIR/logs/node-image.log)"
+    pushed=$("$REPO/image/build" push "$CACHE/node-image/$what-layout" "$registry/flexnode/$repo:$tag" \
+      --ca "$ca" --credentials "$creds" 2>> "$DIR/logs/node-image.log") \
+      || die "pushing the $what image failed (see $DIR/logs/node-image.log)"
+    [[ $pushed == "$digest" ]] || die "pushed $what as $pushed, built $digest"
+    state_set "${what^^}_IMAGE" "$digest"
+    log "node image $what: $digest"
+  done
+}
+
+# bootstrap_token CP_DIR FILE: a kubelet bootstrap token (a day) from the control plane, in
+# FILE (0600) as the join config's bootstrapTokenFile wants it; its id in DIR/state.
+bootstrap_token() {
+  local kc token
+  kc=$("$CP" bootstrap-token --ttl 86400 --dir "$1") || die "no bootstrap token"
+  token=$(awk '$1 == "token:" { print $2 }' "$kc")
+  [[ $token =~ ^[a-z0-9]{6}\.[a-z0-9]{16}$ ]] || die "no token in $kc"
+  (umask 077; echo "$token" > "$2")
+  state_set BOOTSTRAP_TOKEN_ID "${token%%.*}"
+}
+
+# kubelet_route GUEST NODE: the apiserver reaches the kubelet in GUEST (port 10250) as NODE,
+# through a loopback port QEMU forwards (kubectl logs and exec).
+kubelet_route() {
+  local port; port=$("$QEMU" hostfwd "$1" 10250) || die "no forward to the guest's kubelet port"
+  "$CP" route "$2:10250" "$port" --dir "$(state_get CP_DIR)" || die "no egress route to $2:10250"
+  state_set KUBELET_PORT "$port"
+}

@@ -42,6 +42,8 @@ pub struct Inputs {
     pub kubeconfig: String,
     pub trusted_ca: Option<String>,
     pub registry_credentials: Option<String>,
+    /// The kubelet's bootstrap token file, when the config names node images.
+    pub bootstrap_token: Option<String>,
 }
 
 /// What Ignition writes: directories, files and units, in this order.
@@ -130,6 +132,10 @@ pub fn provisioning(config: &Config, inputs: Inputs) -> Result<Provisioning, Ign
     bootstrap.registry_credentials_file = inputs.registry_credentials.map(|c| {
         files.push(private(at("registry-credentials.json"), c));
         PathBuf::from(at("registry-credentials.json"))
+    });
+    bootstrap.bootstrap_token_file = inputs.bootstrap_token.map(|t| {
+        files.push(private(at("bootstrap-token"), t));
+        PathBuf::from(at("bootstrap-token"))
     });
     let rendered =
         serde_saphyr::to_string(&bootstrap).map_err(|e| IgnitionError::Render(e.to_string()))?;

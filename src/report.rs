@@ -1,6 +1,7 @@
 //! One status model: built from the store, rendered by `flexnode status` (and, in later
 //! issues, resource status, Events and metrics).
 
+use crate::effects::NodeSeen;
 use crate::store::{JournalEntry, StoreError, StoreReader};
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -21,6 +22,9 @@ pub struct StatusReport {
     pub deadline: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node: Option<NodeSummary>,
+    /// The `Node` as the agent last saw it (the kubelet's report).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kubelet: Option<KubeletSummary>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub current_operation: Option<OperationSummary>,
     /// Effects of a step that a crash interrupted; the next agent process finishes them.
@@ -44,6 +48,14 @@ pub struct NodeSummary {
     pub agent: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_good_agent: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeletSummary {
+    #[serde(flatten)]
+    pub node: NodeSeen,
+    pub seen_at: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -79,6 +91,15 @@ pub fn build(reader: &StoreReader) -> Result<StatusReport, StoreError> {
         agent: n.agent.to_string(),
         last_good_agent: n.last_good.as_ref().map(ToString::to_string),
     });
+    // A record this build cannot read is left out, not an error: status must always work.
+    let kubelet = reader.node_seen()?.and_then(|(json, at)| {
+        serde_json::from_str::<NodeSeen>(&json)
+            .ok()
+            .map(|node| KubeletSummary {
+                node,
+                seen_at: at.rfc3339(),
+            })
+    });
     let current_operation = state.run().map(|r| OperationSummary {
         name: r.op.name.clone(),
         uid: r.op.uid.clone(),
@@ -100,6 +121,7 @@ pub fn build(reader: &StoreReader) -> Result<StatusReport, StoreError> {
         step: state.step_name(),
         deadline: state.deadline().map(|d| d.rfc3339()),
         node,
+        kubelet,
         current_operation,
         interrupted_effects: persisted
             .pending
@@ -150,6 +172,24 @@ pub fn render_human(r: &StatusReport) -> String {
         None => {
             let _ = writeln!(out, "Node:             not joined");
         }
+    }
+    if let Some(k) = &r.kubelet {
+        let n = &k.node;
+        let reason = if n.reason.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", n.reason)
+        };
+        let version = if n.kubelet_version.is_empty() {
+            String::new()
+        } else {
+            format!(", kubelet {}", n.kubelet_version)
+        };
+        let _ = writeln!(
+            out,
+            "Kubelet:          Ready={}{reason}{version} (seen {})",
+            n.ready, k.seen_at
+        );
     }
     match &r.current_operation {
         Some(op) => {

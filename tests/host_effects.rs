@@ -990,7 +990,7 @@ async fn provision_and_remove_machines() {
     assert_eq!(marker, serde_json::json!({"kubernetesVersion": "1.33.2"}));
     assert_eq!(
         fx.host.machine_rootfs(Side::Kube1).await,
-        Ok(Some("1.33.2".to_string()))
+        Ok(Some(bare_tree("1.33.2")))
     );
     assert_eq!(fx.host.machine_rootfs(Side::Kube2).await, Ok(None));
 
@@ -1005,7 +1005,7 @@ async fn provision_and_remove_machines() {
         .expect("new version");
     assert_eq!(
         fx.host.machine_rootfs(Side::Kube1).await,
-        Ok(Some("1.34.0".to_string()))
+        Ok(Some(bare_tree("1.34.0")))
     );
     assert_eq!(leftovers(&m.join("etc")), Vec::<String>::new());
 
@@ -1027,7 +1027,7 @@ async fn provision_and_remove_machines() {
     // The other side is untouched; absent is fine.
     assert_eq!(
         fx.host.machine_rootfs(Side::Kube2).await,
-        Ok(Some("1.33.2".to_string()))
+        Ok(Some(bare_tree("1.33.2")))
     );
     assert!(l.nspawn_file(Side::Kube2).exists());
     fx.host.remove_machine(Side::Kube1).await.expect("again");
@@ -1263,4 +1263,12 @@ async fn downloads_work_on_a_host_without_system_ca_certificates() {
     let fx = fetching_with(joined().await, None);
     let m = failed(stage(&fx, &tls.url("/a.tgz"), &sha(&archive)).await);
     assert!(m.contains("not signed by a CA this node trusts"), "{m}");
+}
+
+/// A minimal tree's marker as `machine_rootfs` reads it.
+fn bare_tree(version: &str) -> flexnode::effects::MachineTree {
+    flexnode::effects::MachineTree {
+        kubernetes_version: version.to_string(),
+        image: None,
+    }
 }

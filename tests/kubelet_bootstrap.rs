@@ -252,31 +252,37 @@ fn the_scheduler_marks_a_pod_unschedulable_while_no_node_exists() {
     }
 }
 
-/// The files the agent writes into a machine (`machine_files`) are what the real kubelet
-/// bootstraps with. The kubelet runs on this host, so the machine's absolute paths are moved
-/// under a temporary root (`bootstrapped` gives it a runtime socket that never answers).
+/// The files the agent writes into a machine (`files_from` the agent's kubeconfig's cluster
+/// and a token file) are what the real kubelet bootstraps with. The kubelet runs on this host, so the
+/// machine's absolute paths are moved under a temporary root (`bootstrapped` gives it a
+/// runtime socket that never answers).
 #[test]
 #[cfg_attr(
     flexnode_skip = "controlplane",
     ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
 )]
 fn the_machine_files_bootstrap_the_real_kubelet() {
-    use flexnode::effects::host::{KUBELET_ENV, KubeletCredential, KubeletSettings, machine_files};
+    use flexnode::effects::host::kubelet::files_from;
+    use flexnode::effects::host::{KUBELET_ENV, KubeletInputs};
     let lab = Lab::up_with_controllers();
     let token = token_of(&bootstrap_token(&lab, "3600"));
-    let server = lab.state("APISERVER_URL");
-    let ca = std::fs::read(lab.dir.join("pki/ca.crt")).expect("ca");
-    let files = machine_files(&KubeletSettings {
-        node_name: "machine-files-1",
-        server: &server,
-        ca_pem: &ca,
-        credential: KubeletCredential::BootstrapToken(&token),
-        sandbox_image: "flexnode.invalid/pause:lab",
-        pod_cidr: "10.88.0.0/16",
+    let work = tempfile::tempdir().expect("tmp");
+    let token_file = work.path().join("bootstrap-token");
+    std::fs::write(&token_file, format!("{token}\n")).expect("token file");
+    let (server, ca_pem) =
+        flexnode::config::kubeconfig_cluster(&lab.dir.join("admin.kubeconfig")).expect("cluster");
+    let files = files_from(&KubeletInputs {
+        node_name: "machine-files-1".into(),
+        server,
+        ca_pem,
+        bootstrap_token_file: token_file,
+        trusted_ca_file: None,
+        registry_credentials_file: None,
+        sandbox_image: "flexnode.invalid/pause:lab".into(),
+        pod_cidr: "10.88.0.0/16".into(),
     })
     .expect("files");
-    let work = tempfile::tempdir().expect("tmp");
-    let root = work.path();
+    let root = &work.path().join("machine");
     let moved = |text: &str| {
         text.replace(
             "/etc/kubernetes/",

@@ -41,6 +41,7 @@ macro_rules! both_versions {
 both_versions!(
     layers_apply_in_order_with_whiteouts_and_metadata,
     a_layer_reaching_outside_through_a_symlink_is_refused,
+    a_side_is_provisioned_from_a_node_image_with_its_kubelet_files,
 );
 
 /// One tar entry of a hand-made layer.
@@ -267,4 +268,90 @@ async fn a_layer_reaching_outside_through_a_symlink_is_refused(flavor: Flavor) {
         !outside.join("planted").exists(),
         "nothing was planted outside"
     );
+}
+
+/// The host's half of `ProvisionMachine` from a node image around the real unpack: the side's
+/// tree cleared, the image unpacked into it, the kubelet's files and the nspawn settings
+/// written, the marker last. The image's own absolute link (`etc/kubernetes ->
+/// /etc/kubernetes-image`) is followed inside the tree, never onto this host.
+async fn a_side_is_provisioned_from_a_node_image_with_its_kubelet_files(flavor: Flavor) {
+    use flexnode::effects::host::{FsHost, HostLayout, KubeletInputs, NSPAWN_KUBELET_SETTINGS};
+    use flexnode::effects::{Host, MachineTree};
+    use flexnode::machine::state::Side;
+    let tier = Tier::up(flavor);
+    let work = tempfile::tempdir().expect("tmp");
+    let image = layer(&[
+        E::Dir("etc", 0o755),
+        E::Dir("etc/kubernetes-image", 0o755),
+        E::Link("etc/kubernetes", "/etc/kubernetes-image"),
+        E::File("etc/os-release", b"ID=debian\n", 0o644, 0),
+        E::Dir("usr/local/bin", 0o755),
+        E::File("usr/local/bin/kubelet", b"#!kubelet\n", 0o755, 0),
+    ]);
+    let (agent, digest) =
+        pushed_and_pulled(&tier, &work.path().join("layout"), "e2e/node", &[image]).await;
+    let root = work.path().join("host");
+    std::fs::create_dir(&root).expect("root");
+    let token = work.path().join("token");
+    std::fs::write(&token, "abcdef.0123456789abcdef\n").expect("token");
+    let host = FsHost::new(HostLayout::at(&root)).with_kubelet(KubeletInputs {
+        node_name: "edge-07".into(),
+        server: "https://10.0.2.100:6443".into(),
+        ca_pem: b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".to_vec(),
+        bootstrap_token_file: token,
+        trusted_ca_file: None,
+        registry_credentials_file: None,
+        sandbox_image: "registry.k8s.io/pause:3.10".into(),
+        pod_cidr: "10.88.0.0/16".into(),
+    });
+    // Something half unpacked before: cleared first.
+    let tree = root.join("var/lib/machines/kube1");
+    std::fs::create_dir_all(tree.join("stale")).expect("stale");
+    let dir = host.clear_machine_tree(Side::Kube1).await.expect("clear");
+    assert_eq!(dir, tree);
+    assert!(!tree.join("stale").exists());
+    assert_eq!(host.machine_rootfs(Side::Kube1).await, Ok(None));
+    Containerd::unpack_image_into(&agent, &digest, &dir)
+        .await
+        .expect("unpack");
+    assert_eq!(
+        host.machine_rootfs(Side::Kube1).await,
+        Ok(None),
+        "no marker before complete"
+    );
+    host.complete_machine(Side::Kube1, "v1.34.12", &digest)
+        .await
+        .expect("complete");
+    assert_eq!(
+        host.machine_rootfs(Side::Kube1).await,
+        Ok(Some(MachineTree {
+            kubernetes_version: "v1.34.12".into(),
+            image: Some(digest.clone()),
+        }))
+    );
+    let kubeconfig = tree.join("etc/kubernetes-image/bootstrap.kubeconfig");
+    let meta = std::fs::metadata(&kubeconfig).expect("the kubeconfig through the image's link");
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    assert!(
+        std::fs::read_to_string(&kubeconfig)
+            .expect("read")
+            .contains("abcdef.0123456789abcdef")
+    );
+    assert!(
+        !Path::new("/etc/kubernetes-image").exists(),
+        "a write left the tree"
+    );
+    assert_eq!(
+        std::fs::read_to_string(tree.join("usr/local/bin/kubelet")).expect("kubelet"),
+        "#!kubelet\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join("etc/systemd/nspawn/kube1.nspawn")).expect("nspawn"),
+        NSPAWN_KUBELET_SETTINGS
+    );
+    // Removal takes the tree and its settings.
+    host.remove_machine(Side::Kube1).await.expect("remove");
+    assert!(!tree.exists());
+    assert!(!root.join("etc/systemd/nspawn/kube1.nspawn").exists());
+    assert!(!host.machine_tree_exists(Side::Kube1).await.expect("probe"));
 }

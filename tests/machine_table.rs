@@ -341,6 +341,7 @@ fn join_rows() -> Vec<Row> {
                             "DisableSwap",
                             "ProvisionMachine",
                             "StartMachine",
+                            "AwaitNode",
                         ]),
                         ..any()
                     },
@@ -429,7 +430,7 @@ fn reboot_rows() -> Vec<Row> {
                     reboot(),
                     Then {
                         state: Some("Rebooting"),
-                        effects: Some(&["ReportProgress", "RestartMachine"]),
+                        effects: Some(&["ReportProgress", "RestartMachine", "AwaitNode"]),
                         check: Some(|_, e| {
                             assert_eq!(
                                 e[1],
@@ -934,6 +935,7 @@ fn repave_rows() -> Vec<Row> {
                 done(exactly(vec![
                     Effect::StopMachine { side: Side::Kube1 },
                     Effect::StartMachine { side: Side::Kube2 },
+                    Effect::AwaitNode { side: Side::Kube2 },
                 ])),
                 done(exactly(vec![Effect::RemoveMachine { side: Side::Kube1 }])),
                 done(Then {
@@ -960,6 +962,7 @@ fn repave_rows() -> Vec<Row> {
                         exactly: Some(vec![
                             Effect::StopMachine { side: Side::Kube2 },
                             Effect::StartMachine { side: Side::Kube1 },
+                            Effect::AwaitNode { side: Side::Kube1 },
                         ]),
                         check: Some(rolling_back),
                         ..any()

@@ -30,6 +30,28 @@ async fn joined(dir: &tempfile::TempDir, mode: InstallMode) -> SimNode {
     node
 }
 
+const NODE_IMAGE: &str = "cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc";
+
+/// Joined with a node image for the goal's version: its machines run a kubelet.
+async fn joined_with_kubelet(dir: &tempfile::TempDir) -> SimNode {
+    let mut node = SimNode::new(&dir.path().join("state/state.db"), T0);
+    node.host.serve_image(NODE_IMAGE, v2(false));
+    node.node_images.insert(
+        flexnode::sim::GOAL_VERSION.to_string(),
+        flexnode::config::NodeImage {
+            image: flexnode::machine::agent::ImageRef {
+                registry: "registry.example".into(),
+                repository: "node".into(),
+                tag: None,
+            },
+            digest: flexnode::machine::agent::Sha256Hex::parse(NODE_IMAGE).expect("digest"),
+        },
+    );
+    node.join(InstallMode::Host, "edge-07").await.expect("join");
+    node.boot().await.expect("daemon starts");
+    node
+}
+
 fn results_for(node: &SimNode, uid: &str) -> Vec<(ResultReason, String)> {
     node.host
         .results()
@@ -71,6 +93,74 @@ async fn join_installs_units_machine_and_reports_ready() {
     ));
     drop(w);
     assert!(matches!(state(&mut node), NodeState::Ready { .. }));
+}
+
+#[tokio::test]
+async fn join_from_a_node_image_pulls_unpacks_and_waits_for_the_node() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut node = joined_with_kubelet(&dir).await;
+    {
+        let w = node.host.world();
+        let kube1 = &w.machines[&Side::Kube1];
+        assert_eq!(kube1.image.as_deref(), Some(NODE_IMAGE));
+        assert!(kube1.running);
+        assert!(
+            w.images.contains_key(NODE_IMAGE),
+            "the node image was pulled"
+        );
+        assert!(w.drop_ins.contains_key("systemd-nspawn@kube1.service"));
+        let calls = w.calls.join(" ");
+        for call in [
+            "pull(",
+            "clear_machine_tree(kube1)",
+            "unpack_image_into(",
+            "complete_machine(kube1)",
+            "node_seen(",
+        ] {
+            assert!(calls.contains(call), "no {call} in {calls}");
+        }
+        assert!(
+            !calls.contains("provision_machine("),
+            "the minimal tree was built: {calls}"
+        );
+    }
+    assert!(matches!(state(&mut node), NodeState::Ready { .. }));
+    // The daemon's status shows the Node as the join saw it.
+    let reader = flexnode::store::StoreReader::open(&node.path).expect("reader");
+    let report = flexnode::report::build(&reader).expect("report");
+    let kubelet = report.kubelet.expect("the Node as last seen");
+    assert_eq!(kubelet.node.ready, "True");
+    assert!(
+        flexnode::report::render_human(&flexnode::report::build(&reader).expect("report"))
+            .contains("Kubelet:          Ready=True (KubeletReady)")
+    );
+}
+
+#[tokio::test]
+async fn a_kubernetes_version_without_a_node_image_fails_the_join_by_name() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut node = SimNode::new(&dir.path().join("state/state.db"), T0);
+    node.node_images.insert(
+        "v1.0.0".to_string(),
+        flexnode::config::NodeImage {
+            image: flexnode::machine::agent::ImageRef {
+                registry: "registry.example".into(),
+                repository: "node".into(),
+                tag: None,
+            },
+            digest: flexnode::machine::agent::Sha256Hex::parse(NODE_IMAGE).expect("digest"),
+        },
+    );
+    node.join(InstallMode::Host, "edge-07")
+        .await
+        .expect("join runs");
+    assert!(matches!(state(&mut node), NodeState::Unjoined { .. }));
+    let history = flexnode::store::StoreReader::open(&node.path)
+        .expect("reader")
+        .journal(20)
+        .expect("journal");
+    let text = format!("{history:?}");
+    assert!(text.contains("no node image for Kubernetes"), "{text}");
 }
 
 #[tokio::test]
@@ -403,6 +493,8 @@ async fn a_restart_that_never_comes_is_rolled_back_at_the_hand_off_deadline() {
 #[derive(Clone, Copy, Debug)]
 enum Flow {
     Reboot,
+    /// A NodeReboot of a machine from a node image: it waits for the kubelet's Node.
+    KubeletReboot,
     Upgrade,
     BrokenUpgrade,
     ContainerUpgrade,
@@ -412,9 +504,15 @@ enum Flow {
 async fn setup(dir: &tempfile::TempDir, flow: Flow) -> SimNode {
     let mode = match flow {
         Flow::ContainerUpgrade => InstallMode::Container,
-        Flow::Reboot | Flow::Upgrade | Flow::BrokenUpgrade | Flow::Reset => InstallMode::Host,
+        Flow::Reboot | Flow::KubeletReboot | Flow::Upgrade | Flow::BrokenUpgrade | Flow::Reset => {
+            InstallMode::Host
+        }
     };
-    let node = joined(dir, mode).await;
+    let node = if matches!(flow, Flow::KubeletReboot) {
+        joined_with_kubelet(dir).await
+    } else {
+        joined(dir, mode).await
+    };
     node.host
         .serve_artifact(URL, SHA, v2(matches!(flow, Flow::BrokenUpgrade)));
     node.host.serve_image(IMAGE, v2(false));
@@ -423,7 +521,7 @@ async fn setup(dir: &tempfile::TempDir, flow: Flow) -> SimNode {
 
 async fn drive(node: &mut SimNode, flow: Flow) -> Result<(), flexnode::sim::SimError> {
     let kind = match flow {
-        Flow::Reboot => ClaimKind::NodeReboot,
+        Flow::Reboot | Flow::KubeletReboot => ClaimKind::NodeReboot,
         Flow::Reset => ClaimKind::AgentReset,
         Flow::Upgrade | Flow::BrokenUpgrade => upgrade(URL, SHA),
         Flow::ContainerUpgrade => upgrade("oci://registry.example/flexnode:v2", IMAGE),
@@ -567,6 +665,11 @@ async fn crash_everywhere(flow: Flow) {
 #[tokio::test]
 async fn crash_at_every_effect_boundary_of_a_reboot() {
     crash_everywhere(Flow::Reboot).await;
+}
+
+#[tokio::test]
+async fn crash_at_every_effect_boundary_of_a_reboot_of_a_kubelet_machine() {
+    crash_everywhere(Flow::KubeletReboot).await;
 }
 
 #[tokio::test]

@@ -288,3 +288,39 @@ fn migrates_a_schema_1_store_keeping_its_state() {
     store.forget_agent_image(&d).expect("forget");
     assert!(!store.is_agent_image(&d).expect("query"));
 }
+
+/// The last-seen Node is one row, replaced; a reader of a store not yet migrated to schema 3
+/// sees none instead of failing (`flexnode status` must always work).
+#[test]
+fn the_node_as_last_seen_is_one_row_and_optional_for_an_older_store() {
+    use flexnode::store::migrations::MIGRATIONS;
+    let dir = tempfile::tempdir().expect("tmp");
+    let p = path(&dir);
+    private_parent(&p);
+    {
+        let raw = rusqlite::Connection::open(&p).expect("raw");
+        raw.execute_batch(MIGRATIONS[0]).expect("schema 1");
+        raw.execute_batch(MIGRATIONS[1]).expect("schema 2");
+        raw.pragma_update(None, "user_version", 2).expect("version");
+        raw.execute(
+            "INSERT INTO node (id, state, updated_at) VALUES (1, '{\"state\":\"unjoined\",\"finished\":[]}', 5)",
+            [],
+        )
+        .expect("row");
+    }
+    let reader = flexnode::store::StoreReader::open(&p).expect("reader");
+    assert_eq!(reader.node_seen().expect("schema 2"), None);
+    drop(reader);
+    let store = Store::open(&p).expect("migrate");
+    store
+        .record_node_seen(r#"{"ready":"False"}"#, T)
+        .expect("first");
+    store
+        .record_node_seen(r#"{"ready":"True"}"#, T.plus_secs(1))
+        .expect("second");
+    let reader = flexnode::store::StoreReader::open(&p).expect("reader");
+    assert_eq!(
+        reader.node_seen().expect("read"),
+        Some((r#"{"ready":"True"}"#.to_string(), T.plus_secs(1)))
+    );
+}

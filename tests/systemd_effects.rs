@@ -137,6 +137,36 @@ async fn dbus_systemd_drives_a_real_system_manager() {
         Some(t1)
     );
 
+    // --- write_drop_in: applied at the next reload (systemd 252 does not count a new drop-in
+    // directory in NeedDaemonReload, so the executor reloads before it starts a machine);
+    // removing it (and only flexnode's) undoes it.
+    let drop_in = "[Unit]\nDescription=fx sleeper (drop-in)\n";
+    assert!(
+        sd.write_drop_in(SLEEPER, drop_in)
+            .await
+            .expect("write_drop_in")
+    );
+    assert!(
+        !sd.write_drop_in(SLEEPER, drop_in).await.expect("again"),
+        "unchanged"
+    );
+    sd.daemon_reload().await.expect("daemon_reload");
+    assert_eq!(description(&sd, SLEEPER).await, "fx sleeper (drop-in)");
+    let dir = c.units.join(format!("{SLEEPER}.d"));
+    std::fs::write(dir.join("other.conf"), "[Unit]\n").expect("someone else's drop-in");
+    assert!(sd.remove_drop_in(SLEEPER).await.expect("remove_drop_in"));
+    assert!(
+        !sd.remove_drop_in(SLEEPER).await.expect("again"),
+        "already gone"
+    );
+    assert!(
+        dir.join("other.conf").exists(),
+        "only flexnode's drop-in goes"
+    );
+    std::fs::remove_dir_all(&dir).expect("clean");
+    sd.daemon_reload().await.expect("daemon_reload");
+    assert_eq!(description(&sd, SLEEPER).await, "fx sleeper v2");
+
     // --- restart: active_since advances.
     tokio::time::sleep(Duration::from_millis(20)).await;
     let rt = Instant::now();

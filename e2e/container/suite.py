@@ -53,9 +53,12 @@ echo "boot_id=$(cat /proc/sys/kernel/random/boot_id)"
         return self.sh("%s tasks exec --exec-id suite-$$ flexnode-agent /usr/bin/flexnode %s"
                        % (CTR, args), timeout)
 
+    def status_json(self):
+        return json.loads(self.agent_cli("status -o json"))
+
     def phase(self):
         """The node's phase as the agent's store has it (`flexnode status -o json`)."""
-        return json.loads(self.agent_cli("status -o json")).get("phase")
+        return self.status_json().get("phase")
 
     def image_ref(self, name):
         return "%s@%s" % (AGENT_IMAGE_NAME, self.images[name])
@@ -175,6 +178,9 @@ ctr --namespace flexnode containers ls -q | sed 's/^/container: /'
 for m in kube1 kube2; do
   if [ "$(systemctl is-active systemd-nspawn@$m || true)" = active ]; then echo "machine $m still running"; fi
   if [ -e /var/lib/machines/$m ]; then echo "machine tree /var/lib/machines/$m left"; fi
+  for f in /etc/systemd/nspawn/$m.nspawn /etc/systemd/system/systemd-nspawn@$m.service.d/flexnode.conf; do
+    if [ -e $f ]; then echo "left: $f"; fi
+  done
 done
 if [ -e /etc/flexnode ]; then echo "left: /etc/flexnode ($(ls -A /etc/flexnode | tr '\n' ' '))"; fi
 if [ -e /etc/modules-load.d/flexnode.conf ]; then echo "left: /etc/modules-load.d/flexnode.conf"; fi
@@ -226,14 +232,14 @@ if [ -e /etc/modules-load.d/flexnode.conf ]; then echo "left: /etc/modules-load.
         self.swap_off()
         # The join ran in a container: the host's modprobe ran by host-exec (chroot /host).
         self.kernel_modules(lab.sh("journalctl -o cat -u flexnode-bootstrap"))
-        st = json.loads(lab.agent_cli("status -o json"))
+        st = lab.status_json()
         need(st.get("phase") == "Ready" and (st.get("node") or {}).get("installMode") == "container",
              "flexnode status: phase %r, node %s" % (st.get("phase"), st.get("node")))
 
     def c_no_agent_files(self):
         """Walks the host's filesystem: nothing of the agent outside /etc/flexnode and
-        /var/lib/flexnode (its units, their links, the kernel modules' boot list and
-        containerd's own stores aside) — no file
+        /var/lib/flexnode (its units, their links, the kernel modules' boot list, the machine
+        units' drop-in and containerd's own stores aside) — no file
         named after it, no copy of its binary (by content), nothing in /opt or /usr/local."""
         lab = self.lab
         pid = self.wait_agent(60).get("task", "").split()[0]
@@ -243,7 +249,7 @@ echo "agent=$agent"
 find / -xdev \( -path /proc -o -path /sys -o -path /run -o -path /etc/flexnode -o -path /var/lib/flexnode \
   -o -path /var/lib/containerd -o -path /var/lib/machines -o -path /var/log/journal \) -prune \
   -o -name '*flexnode*' -print \
-  | grep -v -E '^(/etc/systemd/system/([a-z.-]+\.wants/)?flexnode-[a-z-]+\.service|/etc/modules-load\.d/flexnode\.conf)$' \
+  | grep -v -E '^(/etc/systemd/system/([a-z.-]+\.wants/)?flexnode-[a-z-]+\.service|/etc/modules-load\.d/flexnode\.conf|/etc/systemd/system/systemd-nspawn@kube[12]\.service\.d/flexnode\.conf)$' \
   | sed 's/^/named=/' || true
 find / -xdev \( -path /proc -o -path /sys -o -path /run -o -path /var/lib/containerd \) -prune \
   -o -type f -size +4M -print0 | xargs -0 -r sha256sum | awk -v a="$agent" '$1 == a { print "copy=" $2 }'
@@ -503,6 +509,7 @@ find /opt /usr/local -mindepth 1 \( -type f -o -name '*flexnode*' \) | sed 's/^/
 
 CHECKS = [
     ("first-boot-joins", Suite.c_first_boot),
+    ("node-runs-a-pod", Suite.c_pod_runs),
     ("no-agent-files-on-host", Suite.c_no_agent_files),
     ("stop-ends-container-ignoring-sigterm", Suite.c_stop_semantics),
     ("upgrade", Suite.c_upgrade),

@@ -466,6 +466,10 @@ class OpWatch(threading.Thread):
 
 # -------------------------------------------------------------------- what suites share
 
+# The pod the suites run on the node (c_pod_runs).
+POD = "flexnode-hello"
+
+
 class SuiteBase:
     """A suite's state and its checks' common steps: the operations it created (each must
     finish), the watch of every operation, waiting for phases and terminal results."""
@@ -494,6 +498,66 @@ class SuiteBase:
              "kernel modules: %r" % out)
         need("kernel modules loaded by the host's modprobe" in log,
              "the join did not log loading the modules by the host's modprobe")
+
+    def node(self):
+        """The Node object as the API server has it, or None."""
+        rc, out, _ = self.lab.kubectl("get", "node", self.lab.node, "-o", "json")
+        return json.loads(out) if rc == 0 else None
+
+    def node_ready(self, timeout, since=None):
+        """The Node once its kubelet reports it Ready (with `since`, in a heartbeat at or after
+        that unix time: a Ready from before a restart does not count)."""
+        def ready():
+            n = self.node()
+            conds = {c.get("type"): c for c in ((n or {}).get("status") or {}).get("conditions") or []}
+            r = conds.get("Ready") or {}
+            if r.get("status") != "True":
+                return None
+            if since is not None and (parse_time(r.get("lastHeartbeatTime")) or 0) < since:
+                return None
+            return n
+        return wait_until("Node %s Ready" % self.lab.node, ready, timeout, 3)
+
+    def c_pod_runs(self):
+        """The join made a real node: the kubelet in machine kube1 (unpacked from the node
+        image the config names by digest) registered the Node itself (no lab creates it), at
+        the control plane's version, Ready; a pod of the lab registry's busybox (pulled by the
+        machine's containerd with the registry's CA and credentials, on a sandbox of the
+        lab's pause image) runs, and `kubectl logs` and `kubectl exec` reach the kubelet
+        through the API server."""
+        lab = self.lab
+        n = self.node_ready(300)
+        info = (n.get("status") or {}).get("nodeInfo") or {}
+        want = lab.st.get("K8S_VERSION")
+        need(info.get("kubeletVersion") == want, "the Node's kubelet is %r, not %r" % (info.get("kubeletVersion"), want))
+        need(info.get("containerRuntimeVersion", "").startswith("containerd://"),
+             "runtime %r" % info.get("containerRuntimeVersion"))
+        st = self.lab.status_json()
+        need(((st.get("kubelet") or {}).get("ready")) == "True", "flexnode status shows the kubelet as %s" % st.get("kubelet"))
+        need((st.get("node") or {}).get("activeSide") == "kube1", "flexnode status: active side %s" % st.get("node"))
+        image = "%s/flexnode/busybox@%s" % (lab.st["GUEST_REG"], lab.st["BUSYBOX_IMAGE"])
+        manifest = json.dumps({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": POD, "namespace": "default"},
+            "spec": {"automountServiceAccountToken": False, "terminationGracePeriodSeconds": 2,
+                     "containers": [{"name": "hello", "image": image,
+                                     "args": ["sh", "-c", "echo hello from $(hostname); exec sleep 1000000"]}]}})
+        t = time.time()
+        rc, out, err = lab.kubectl("apply", "-f", "-", inp=manifest)
+        need(rc == 0, "kubectl apply pod: %s" % err.strip())
+        def running():
+            rc, out, _ = lab.kubectl("get", "pod", POD, "-o", "json")
+            p = json.loads(out) if rc == 0 else {}
+            return p if (p.get("status") or {}).get("phase") == "Running" else None
+        p = wait_until("pod %s Running" % POD, running, 600, 3)
+        need((p.get("spec") or {}).get("nodeName") == lab.node, "the pod runs on %r" % (p.get("spec") or {}).get("nodeName"))
+        ran = time.time() - t
+        rc, logs, err = lab.kubectl("logs", POD)
+        need(rc == 0 and "hello from %s" % POD in logs, "kubectl logs: rc %d %r %s" % (rc, logs, err.strip()))
+        rc, out, err = lab.kubectl("exec", POD, "--", "busybox", "echo", "exec-ok")
+        need(rc == 0 and out.strip() == "exec-ok", "kubectl exec: rc %d %r %s" % (rc, out, err.strip()))
+        detail("Node %s Ready (kubelet %s, %s); pod Running %.0f s after it was created; logs and exec reach the kubelet"
+               % (lab.node, info.get("kubeletVersion"), info.get("containerRuntimeVersion"), ran))
 
     def wait_phase(self, name, phases, timeout):
         def probe():

@@ -61,9 +61,8 @@ async fn on_host(state: &Path, args: &DaemonArgs) -> anyhow::Result<()> {
         state,
         &config.node_name,
         client.clone(),
-        fx.systemd,
-        fx.containerd,
-        fx.host,
+        (fx.systemd, fx.containerd, fx.host),
+        fx.node_images,
     )
     .await?;
     let mut term = signal(SignalKind::terminate())?;
@@ -138,9 +137,8 @@ async fn simulated(state: &Path, args: &DaemonArgs) -> anyhow::Result<()> {
             state,
             node,
             client.clone(),
-            host.clone(),
-            host.clone(),
-            host.clone(),
+            (host.clone(), host.clone(), host.clone()),
+            Default::default(),
         )
         .await?;
         let daemon =

@@ -39,6 +39,11 @@ fn render(path: &Path, out: &Path) -> Result<(), Failure> {
             .as_deref()
             .map(|p| read("registryCredentialsFile", p))
             .transpose()?,
+        bootstrap_token: config
+            .node
+            .as_ref()
+            .map(|n| read("bootstrapTokenFile", &n.bootstrap_token_file))
+            .transpose()?,
     };
     let p = provisioning(&config, inputs).map_err(|e| Failure::config(e.to_string()))?;
     let butane = p.butane().map_err(|e| Failure::failed(e.to_string()))?;

@@ -8,7 +8,8 @@ use super::{Failure, impossible};
 use crate::api::Machine;
 use crate::api::machine::{KubernetesSpec, MachineSpec};
 use crate::config::{
-    CONFIG_PATH, Config, ConfigError, KUBECONFIG_PATH, REGISTRY_CREDENTIALS_PATH, TRUSTED_CA_PATH,
+    BOOTSTRAP_TOKEN_PATH, CONFIG_PATH, Config, ConfigError, KUBECONFIG_PATH,
+    REGISTRY_CREDENTIALS_PATH, TRUSTED_CA_PATH,
 };
 use crate::effects::fs::{remove_no_follow, remove_tree, sync_existing_dir, write_file_atomic};
 use crate::effects::host::AGENT_IMAGE_VAR;
@@ -301,8 +302,8 @@ fn api_failure(e: kube::Error) -> Failure {
     }
 }
 
-/// `/etc/flexnode/config.yaml` and the files it names (credential, CA, registry credentials),
-/// 0600, written atomically.
+/// `/etc/flexnode/config.yaml` and the files it names (credential, CA, registry credentials,
+/// bootstrap token), 0600, written atomically.
 fn install_files(config: &Config) -> anyhow::Result<()> {
     let dir = Path::new(CONFIG_PATH)
         .parent()
@@ -317,6 +318,10 @@ fn install_files(config: &Config) -> anyhow::Result<()> {
         (
             config.registry_credentials_file.as_ref(),
             REGISTRY_CREDENTIALS_PATH,
+        ),
+        (
+            config.node.as_ref().map(|n| &n.bootstrap_token_file),
+            BOOTSTRAP_TOKEN_PATH,
         ),
     ];
     for (from, to) in copies {

@@ -2,11 +2,12 @@
 //! over the simulated one) and for the commands that change the node (join, reset, recovery),
 //! plus this host's facts they start from. Nothing else builds a `Runner`.
 
-use crate::config::Config;
+use crate::config::{Config, NodeImage};
 use crate::effects::archive::ArchiveFetcher;
 use crate::effects::containerd::{DEFAULT_NAMESPACE, LazyContainerd, RegistryConfig};
 use crate::effects::host::{
-    AGENT_IMAGE_VAR, FsHost, HostLayout, image_ref_digest, resolve_in_root, running_build,
+    AGENT_IMAGE_VAR, FsHost, HostLayout, KubeletInputs, image_ref_digest, resolve_in_root,
+    running_build,
 };
 use crate::effects::http::Trust;
 use crate::effects::kube::KubePublisher;
@@ -18,6 +19,7 @@ use crate::machine::agent::AgentBuild;
 use crate::reconcile::client_from_kubeconfig;
 use crate::reconcile::owner::KubeRunner;
 use crate::store::{Store, StoreError, StoreReader};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -36,6 +38,8 @@ pub struct HostEffects {
     pub systemd: DbusSystemd,
     pub containerd: LazyContainerd,
     pub host: FsHost,
+    /// The configuration's node images (the executor's `node_images`).
+    pub node_images: BTreeMap<String, NodeImage>,
 }
 
 /// This host's effects, reaching https servers and registries as `config` says.
@@ -59,10 +63,30 @@ pub async fn host_effects(config: &Config) -> anyhow::Result<HostEffects> {
             resolve_in_root(&root, Path::new(DEFAULT_UNIT_DIR))?,
         ),
     };
+    let mut host = FsHost::new(layout).with_fetcher(ArchiveFetcher::new().with_trust(trust));
+    if let Some(node) = &config.node {
+        let (server, ca_pem) = crate::config::kubeconfig_cluster(&config.kubeconfig)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        host = host.with_kubelet(KubeletInputs {
+            node_name: config.node_name.clone(),
+            server,
+            ca_pem,
+            bootstrap_token_file: node.bootstrap_token_file.clone(),
+            trusted_ca_file: config.trusted_ca_file.clone(),
+            registry_credentials_file: config.registry_credentials_file.clone(),
+            sandbox_image: node.sandbox_image.clone(),
+            pod_cidr: node.pod_cidr.clone(),
+        });
+    }
     Ok(HostEffects {
         systemd: systemd.with_unit_dir(unit_dir),
         containerd: LazyContainerd::new(CONTAINERD_SOCKET, DEFAULT_NAMESPACE, registry),
-        host: FsHost::new(layout).with_fetcher(ArchiveFetcher::new().with_trust(trust)),
+        host,
+        node_images: config
+            .node
+            .as_ref()
+            .map(|n| n.images.clone())
+            .unwrap_or_default(),
     })
 }
 
@@ -87,9 +111,8 @@ pub async fn daemon_runner<S: Systemd, C: Containerd, H: Host>(
     state: &Path,
     node_name: &str,
     client: kube::Client,
-    systemd: S,
-    containerd: C,
-    host: H,
+    (systemd, containerd, host): (S, C, H),
+    node_images: BTreeMap<String, NodeImage>,
 ) -> anyhow::Result<KubeRunner<S, C, H>> {
     let store = Store::open_waiting(state, DAEMON_STORE_PATIENCE).await?;
     let effects = Effects {
@@ -98,7 +121,9 @@ pub async fn daemon_runner<S: Systemd, C: Containerd, H: Host>(
         host,
         publisher: KubePublisher::new(client, node_name),
     };
-    Ok(Runner::new(store, effects, SystemClock))
+    let mut runner = Runner::new(store, effects, SystemClock);
+    runner.node_images = node_images;
+    Ok(runner)
 }
 
 /// The executor as a command (not the daemon) runs it.
@@ -112,6 +137,7 @@ async fn command_runner(
     client: kube::Client,
     fx: HostEffects,
 ) -> anyhow::Result<CommandRunner> {
+    let node_images = fx.node_images;
     let mut runner = Runner::new(
         store,
         Effects {
@@ -123,6 +149,7 @@ async fn command_runner(
         SystemClock,
     );
     runner.daemon = false;
+    runner.node_images = node_images;
     runner.resume().await?;
     Ok(runner)
 }

@@ -6,10 +6,11 @@
 
 use crate::api::machine::{Machine, MachinePhase as ApiMachinePhase};
 use crate::api::machine_operation::{MachineOperation, MachineOperationStatus, OperationPhase};
-use crate::effects::{EffectError, EffectResult, Publisher};
+use crate::effects::{EffectError, EffectResult, NodeSeen, Publisher};
 use crate::machine::Timestamp;
 use crate::machine::result::{MachinePhase, OpResult, ResultReason};
 use crate::machine::state::OpRef;
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff;
 use kube::api::{Api, PostParams};
@@ -39,6 +40,25 @@ impl std::fmt::Debug for KubePublisher {
 
 pub fn time(t: Timestamp) -> Time {
     Time(jiff::Timestamp::from_millisecond(t.millis()).unwrap_or(jiff::Timestamp::UNIX_EPOCH))
+}
+
+/// The Node's `Ready` condition and identity as its kubelet reported them.
+pub fn node_seen(node: &Node) -> NodeSeen {
+    let status = node.status.as_ref();
+    let ready = status
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"));
+    let info = status.and_then(|s| s.node_info.as_ref());
+    NodeSeen {
+        ready: ready.map_or_else(|| "Unknown".to_string(), |c| c.status.clone()),
+        reason: ready.and_then(|c| c.reason.clone()).unwrap_or_default(),
+        message: ready.and_then(|c| c.message.clone()).unwrap_or_default(),
+        heartbeat: ready
+            .and_then(|c| c.last_heartbeat_time.as_ref())
+            .map(|t| Timestamp::from_millis(t.0.as_millisecond())),
+        boot_id: info.map(|i| i.boot_id.clone()).unwrap_or_default(),
+        kubelet_version: info.map(|i| i.kubelet_version.clone()).unwrap_or_default(),
+    }
 }
 
 fn now() -> Time {
@@ -230,6 +250,12 @@ fn set_condition(conditions: &mut Option<Vec<Condition>>, c: Condition, since: S
 }
 
 impl Publisher for KubePublisher {
+    async fn node_seen(&self) -> EffectResult<Option<NodeSeen>> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let node = api.get_opt(&self.node).await.map_err(api_error)?;
+        Ok(node.map(|n| node_seen(&n)))
+    }
+
     async fn report_progress(
         &self,
         op: &OpRef,

@@ -17,6 +17,7 @@ use crate::machine::agent::{ArchiveUrl, Sha256Hex, Slot};
 use crate::machine::result::{MachinePhase, OpResult};
 use crate::machine::state::{OpRef, Side};
 use std::future::Future;
+use std::path::{Path, PathBuf};
 
 /// An effect that did not happen. Messages never contain secrets: implementations build them
 /// from redacted values only.
@@ -71,6 +72,43 @@ pub struct MachineStatus {
     pub started_at: Option<Timestamp>,
 }
 
+/// What a side's tree was provisioned as.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MachineTree {
+    pub kubernetes_version: String,
+    /// The node image it was unpacked from; `None`: the minimal tree, which runs no kubelet.
+    pub image: Option<Sha256Hex>,
+}
+
+/// The `Node` object's readiness, as its kubelet last reported it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeSeen {
+    /// The `Ready` condition's status: `True`, `False` or `Unknown` (absent: `Unknown`).
+    pub ready: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// When the kubelet last reported the condition (`lastHeartbeatTime`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat: Option<Timestamp>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub boot_id: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kubelet_version: String,
+}
+
+impl NodeSeen {
+    /// Ready, as reported by a kubelet at or after `since` (a stale `True` from before a
+    /// machine restart does not count).
+    pub fn ready_since(&self, since: Timestamp) -> bool {
+        // Heartbeats have second precision.
+        let since = Timestamp::from_millis(since.millis().div_euclid(1000) * 1000);
+        self.ready == "True" && self.heartbeat.is_some_and(|h| h >= since)
+    }
+}
+
 /// systemd over D-Bus (manager, login1, machine1).
 pub trait Systemd: Send + Sync {
     /// Writes a unit file atomically unless it already holds `contents`; whether it changed.
@@ -79,6 +117,15 @@ pub trait Systemd: Send + Sync {
         name: &str,
         contents: &str,
     ) -> impl Future<Output = EffectResult<bool>> + Send;
+    /// Writes flexnode's drop-in for `unit` (`<unit>.d/flexnode.conf`) unless it already holds
+    /// `contents`; whether it changed (a daemon-reload is then due).
+    fn write_drop_in(
+        &self,
+        unit: &str,
+        contents: &str,
+    ) -> impl Future<Output = EffectResult<bool>> + Send;
+    /// Removes flexnode's drop-in for `unit`; absent is fine. Whether one was there.
+    fn remove_drop_in(&self, unit: &str) -> impl Future<Output = EffectResult<bool>> + Send;
     /// Removes a unit file; absent is fine.
     fn remove_unit(&self, name: &str) -> impl Future<Output = EffectResult> + Send;
     /// Whether the unit file `name` is installed (written, not removed since).
@@ -146,6 +193,12 @@ pub trait Containerd: Send + Sync {
     /// which the container units run (`effects::host::AGENT_IMAGE_NAME`); the name is removed
     /// with the image only if the agent pulled it.
     fn name_agent_image(&self, digest: &Sha256Hex) -> impl Future<Output = EffectResult> + Send;
+    /// Unpacks pulled image `digest` into `dir`, a machine's tree (`clear_machine_tree`).
+    fn unpack_image_into(
+        &self,
+        digest: &Sha256Hex,
+        dir: &Path,
+    ) -> impl Future<Output = EffectResult> + Send;
     /// Removes an image the agent pulled; others are never touched.
     fn remove_agent_image(&self, digest: &Sha256Hex) -> impl Future<Output = EffectResult> + Send;
 }
@@ -186,15 +239,29 @@ pub trait Host: Send + Sync {
     fn remove_agent_links(&self) -> impl Future<Output = EffectResult> + Send;
     /// Whether any of the agent's links or selection files is still there.
     fn agent_links_present(&self) -> impl Future<Output = EffectResult<bool>> + Send;
-    /// The Kubernetes version a side's rootfs was provisioned for, if any.
+    /// What a side's tree was provisioned as, if it was (its marker, written last).
     fn machine_rootfs(
         &self,
         side: Side,
-    ) -> impl Future<Output = EffectResult<Option<String>>> + Send;
+    ) -> impl Future<Output = EffectResult<Option<MachineTree>>> + Send;
+    /// Whether anything is at the side's tree, provisioned or not (an unpack cut short).
+    fn machine_tree_exists(&self, side: Side) -> impl Future<Output = EffectResult<bool>> + Send;
+    /// A minimal tree without a kubelet (the host's `/usr` bound in): no node image named.
     fn provision_machine(
         &self,
         side: Side,
         kubernetes_version: &str,
+    ) -> impl Future<Output = EffectResult> + Send;
+    /// An empty tree for `side`, for a node image to be unpacked into: whatever was there
+    /// (half unpacked, another version) goes first. Its path as this process reaches it.
+    fn clear_machine_tree(&self, side: Side) -> impl Future<Output = EffectResult<PathBuf>> + Send;
+    /// Finishes a tree unpacked from node image `image`: the kubelet's and containerd's
+    /// files, the machine's nspawn settings, then the marker.
+    fn complete_machine(
+        &self,
+        side: Side,
+        kubernetes_version: &str,
+        image: &Sha256Hex,
     ) -> impl Future<Output = EffectResult> + Send;
     fn remove_machine(&self, side: Side) -> impl Future<Output = EffectResult> + Send;
     fn runtime_present(&self) -> impl Future<Output = EffectResult<bool>> + Send;
@@ -207,8 +274,10 @@ pub trait Host: Send + Sync {
     fn wipe_runtime(&self) -> impl Future<Output = EffectResult> + Send;
 }
 
-/// The API server: MachineOperation and Machine status.
+/// The API server: MachineOperation and Machine status, and this node's `Node`.
 pub trait Publisher: Send + Sync {
+    /// The node's `Node` as the API server has it now; `None` when there is none.
+    fn node_seen(&self) -> impl Future<Output = EffectResult<Option<NodeSeen>>> + Send;
     /// `started_at` becomes `startedAt` unless one is there; `machine_generation` (0 = no
     /// Machine) the `observedMachineGeneration`.
     fn report_progress(

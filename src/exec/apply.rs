@@ -193,21 +193,21 @@ where
             Effect::ProvisionMachine {
                 side,
                 kubernetes_version,
-            } => {
-                if fx.host.machine_rootfs(*side).await?.as_deref() == Some(kubernetes_version) {
-                    return Ok(());
-                }
-                fx.host.provision_machine(*side, kubernetes_version).await
-            }
-            // Enabled too, so the machine comes back when the host boots.
+            } => self.provision_machine(*side, kubernetes_version).await,
+            // Enabled too, so the machine comes back when the host boots. The reload loads
+            // the machine's drop-in (`ProvisionMachine`): systemd does not count a new drop-in
+            // directory as a reload due, so one written before a crash would go unnoticed.
             Effect::StartMachine { side } => {
+                let unit = machine_unit(*side);
                 fx.host.load_kernel_modules().await?;
-                fx.systemd.enable(&machine_unit(*side)).await?;
+                fx.systemd.enable(&unit).await?;
                 if fx.systemd.machine_status(*side).await?.running {
                     return Ok(());
                 }
-                fx.systemd.start(&machine_unit(*side)).await
+                fx.systemd.daemon_reload().await?;
+                fx.systemd.start(&unit).await
             }
+            Effect::AwaitNode { side } => self.await_node(*side).await,
             Effect::StopMachine { side } => self.stop_machine(*side).await,
             Effect::RestartMachine { side, not_before } => {
                 let status = fx.systemd.machine_status(*side).await?;
@@ -278,10 +278,11 @@ where
     async fn remove_machine(&self, side: Side) -> EffectResult {
         self.stop_machine(side).await?;
         self.disable_unit(&machine_unit(side)).await?;
-        if self.effects.host.machine_rootfs(side).await?.is_none() {
-            return Ok(());
+        // Also a tree without a marker (an unpack a crash cut short).
+        if self.effects.host.machine_tree_exists(side).await? {
+            self.effects.host.remove_machine(side).await?;
         }
-        self.effects.host.remove_machine(side).await
+        self.remove_machine_drop_in(side).await
     }
 
     async fn stop_machine(&self, side: Side) -> EffectResult {

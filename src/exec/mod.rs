@@ -2,14 +2,18 @@
 //! runs the effects, records the outcome, and reports the outcome back to the core.
 
 mod apply;
+mod node;
 
 pub use apply::{start_agent, write_units};
+pub use node::NODE_READY_TIMEOUT;
 
+use crate::config::NodeImage;
 use crate::effects::{Containerd, EffectError, Effects, Host, Publisher, Systemd};
 use crate::machine::agent::{AgentBuild, Sha256Hex};
 use crate::machine::policy::Policy;
 use crate::machine::{Input, NodeState, Refusal, Timestamp, step};
 use crate::store::{Intent, Store, StoreError};
+use std::collections::BTreeMap;
 
 /// Wall-clock time, injected so simulations control it.
 pub trait Clock: Send + Sync {
@@ -56,6 +60,9 @@ pub struct Runner<S, C, H, P, K> {
     restart_requested: bool,
     /// True for the agent daemon; false for CLI processes (join, reset, the recovery unit).
     pub daemon: bool,
+    /// The node image per Kubernetes version (the configuration's `nodeImages`); empty:
+    /// machines without a kubelet.
+    pub node_images: BTreeMap<String, NodeImage>,
 }
 
 impl<S, C, H, P, K> Runner<S, C, H, P, K>
@@ -74,6 +81,7 @@ where
             clock,
             restart_requested: false,
             daemon: true,
+            node_images: BTreeMap::new(),
         }
     }
 

@@ -84,6 +84,11 @@ pub enum Effect {
     StartMachine {
         side: Side,
     },
+    /// Wait for the side's kubelet: the Node `Ready`, reported since the machine last started
+    /// (nothing to wait for in a tree without a kubelet).
+    AwaitNode {
+        side: Side,
+    },
     StopMachine {
         side: Side,
     },
@@ -124,7 +129,8 @@ impl Effect {
             | Self::StageAgent { .. }
             | Self::DiscardCandidate { .. }
             | Self::ProvisionMachine { .. }
-            | Self::StartMachine { .. } => false,
+            | Self::StartMachine { .. }
+            | Self::AwaitNode { .. } => false,
         }
     }
 
@@ -145,6 +151,7 @@ impl Effect {
             Self::RestartAgent => "RestartAgent",
             Self::ProvisionMachine { .. } => "ProvisionMachine",
             Self::StartMachine { .. } => "StartMachine",
+            Self::AwaitNode { .. } => "AwaitNode",
             Self::StopMachine { .. } => "StopMachine",
             Self::RestartMachine { .. } => "RestartMachine",
             Self::RemoveMachine { .. } => "RemoveMachine",
@@ -175,6 +182,7 @@ impl fmt::Display for Effect {
                 kubernetes_version,
             } => write!(f, "({} {kubernetes_version})", side.name()),
             Self::StartMachine { side }
+            | Self::AwaitNode { side }
             | Self::StopMachine { side }
             | Self::RestartMachine { side, .. }
             | Self::RemoveMachine { side } => write!(f, "({})", side.name()),

@@ -385,6 +385,7 @@ pub fn shift_effect(effect: &Effect, ms: i64) -> Effect {
         | Effect::RestartAgent
         | Effect::ProvisionMachine { .. }
         | Effect::StartMachine { .. }
+        | Effect::AwaitNode { .. }
         | Effect::StopMachine { .. }
         | Effect::RemoveMachine { .. }
         | Effect::WipeNode

@@ -161,6 +161,10 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
                 Ok(())
             }
             Msg::Node(node) => {
+                if let Some(n) = &node {
+                    self.runner
+                        .remember_node(&crate::effects::kube::node_seen(n));
+                }
                 self.node = Some(node);
                 self.observe_goal().await?;
                 self.claim_waiting().await

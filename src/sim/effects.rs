@@ -4,12 +4,25 @@
 use super::host::SimHost;
 use super::world::*;
 use crate::effects::{
-    Containerd, EffectError, EffectResult, Host, MachineStatus, Publisher, Systemd, check_unit_name,
+    Containerd, EffectError, EffectResult, Host, MachineStatus, MachineTree, NodeSeen, Publisher,
+    Systemd, check_unit_name,
 };
 use crate::machine::Timestamp;
 use crate::machine::agent::{AgentBuild, ArchiveUrl, InstallMode, Sha256Hex, Slot};
 use crate::machine::result::{MachinePhase, OpResult};
 use crate::machine::state::{OpRef, Side};
+use std::path::{Path, PathBuf};
+
+/// Where the simulated machine trees are (a name only: nothing is written).
+const SIM_MACHINES: &str = "/sim/machines";
+
+fn sim_side(dir: &Path) -> EffectResult<Side> {
+    let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    [Side::Kube1, Side::Kube2]
+        .into_iter()
+        .find(|s| s.name() == name && dir.starts_with(SIM_MACHINES))
+        .ok_or_else(|| EffectError::Failed(format!("{} is not a machine tree", dir.display())))
+}
 
 impl Systemd for SimHost {
     async fn write_unit(&self, name: &str, contents: &str) -> EffectResult<bool> {
@@ -21,6 +34,25 @@ impl Systemd for SimHost {
             u.file = true;
             u.stale |= changed;
             Ok(changed)
+        })
+    }
+
+    async fn write_drop_in(&self, unit: &str, contents: &str) -> EffectResult<bool> {
+        self.run("write_drop_in", unit, |w| {
+            check_unit_name(unit)?;
+            let changed = w.drop_ins.get(unit).map(String::as_str) != Some(contents);
+            w.drop_ins.insert(unit.to_string(), contents.to_string());
+            if let Some(u) = w.units.get_mut(unit) {
+                u.stale |= changed;
+            }
+            Ok(changed)
+        })
+    }
+
+    async fn remove_drop_in(&self, unit: &str) -> EffectResult<bool> {
+        self.run("remove_drop_in", unit, |w| {
+            check_unit_name(unit)?;
+            Ok(w.drop_ins.remove(unit).is_some())
         })
     }
 
@@ -279,6 +311,20 @@ impl Containerd for SimHost {
         }
     }
 
+    async fn unpack_image_into(&self, digest: &Sha256Hex, dir: &Path) -> EffectResult {
+        self.run("unpack_image_into", digest.short(), |w| {
+            if !w.images.contains_key(digest.as_str()) {
+                return Err(EffectError::Failed(format!(
+                    "image {} is not pulled",
+                    digest.oci()
+                )));
+            }
+            let side = sim_side(dir)?;
+            w.machine(side).unpacked = Some(digest.as_str().to_string());
+            Ok(())
+        })
+    }
+
     async fn remove_agent_image(&self, digest: &Sha256Hex) -> EffectResult {
         self.run("remove_agent_image", digest.short(), |w| {
             // As the real one: someone else's image is refused, never removed.
@@ -401,14 +447,61 @@ impl Host for SimHost {
         Ok(w.current.is_some() || w.last_good.is_some())
     }
 
-    async fn machine_rootfs(&self, side: Side) -> EffectResult<Option<String>> {
+    async fn machine_rootfs(&self, side: Side) -> EffectResult<Option<MachineTree>> {
         self.read("machine_rootfs", side.name())?;
-        Ok(self.world().machine(side).kubernetes_version.clone())
+        let mut w = self.world();
+        let m = w.machine(side);
+        Ok(m.kubernetes_version
+            .clone()
+            .map(|kubernetes_version| MachineTree {
+                kubernetes_version,
+                image: m.image.as_deref().and_then(Sha256Hex::parse),
+            }))
+    }
+
+    async fn machine_tree_exists(&self, side: Side) -> EffectResult<bool> {
+        self.read("machine_tree_exists", side.name())?;
+        let mut w = self.world();
+        let m = w.machine(side);
+        Ok(m.kubernetes_version.is_some() || m.unpacked.is_some())
+    }
+
+    async fn clear_machine_tree(&self, side: Side) -> EffectResult<PathBuf> {
+        self.run("clear_machine_tree", side.name(), |w| {
+            let m = w.machine(side);
+            m.kubernetes_version = None;
+            m.image = None;
+            m.unpacked = None;
+            Ok(Path::new(SIM_MACHINES).join(side.name()))
+        })
+    }
+
+    async fn complete_machine(
+        &self,
+        side: Side,
+        kubernetes_version: &str,
+        image: &Sha256Hex,
+    ) -> EffectResult {
+        self.run("complete_machine", side.name(), |w| {
+            let m = w.machine(side);
+            if m.unpacked.as_deref() != Some(image.as_str()) {
+                return Err(EffectError::Failed(format!(
+                    "{} holds no unpacked {}",
+                    side.name(),
+                    image.oci()
+                )));
+            }
+            m.kubernetes_version = Some(kubernetes_version.to_string());
+            m.image = Some(image.as_str().to_string());
+            Ok(())
+        })
     }
 
     async fn provision_machine(&self, side: Side, kubernetes_version: &str) -> EffectResult {
         self.run("provision_machine", side.name(), |w| {
-            w.machine(side).kubernetes_version = Some(kubernetes_version.to_string());
+            let m = w.machine(side);
+            m.kubernetes_version = Some(kubernetes_version.to_string());
+            m.image = None;
             Ok(())
         })
     }
@@ -417,6 +510,8 @@ impl Host for SimHost {
         self.run("remove_machine", side.name(), |w| {
             let m = w.machine(side);
             m.kubernetes_version = None;
+            m.image = None;
+            m.unpacked = None;
             m.running = false;
             m.started_at = None;
             Ok(())
@@ -479,6 +574,22 @@ impl Publisher for SimHost {
             });
             Ok(())
         })
+    }
+
+    /// A kubelet reports its Node Ready as soon as its machine (one from a node image) runs.
+    async fn node_seen(&self) -> EffectResult<Option<NodeSeen>> {
+        self.read("node_seen", "")?;
+        let w = self.world();
+        w.api()?;
+        let running = w.machines.values().find(|m| m.running && m.image.is_some());
+        Ok(running.map(|m| NodeSeen {
+            ready: "True".into(),
+            reason: "KubeletReady".into(),
+            message: String::new(),
+            heartbeat: m.started_at,
+            boot_id: String::new(),
+            kubelet_version: m.kubernetes_version.clone().unwrap_or_default(),
+        }))
     }
 
     async fn report_machine(

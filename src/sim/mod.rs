@@ -10,6 +10,7 @@ mod world;
 
 pub use host::{HostSnapshot, SimHost, UnitSnapshot};
 pub use node::{
-    INSTALLED_IMAGE, RECOVERY_MESSAGE, SimClock, SimError, SimNode, SimRunner, upgrade,
+    GOAL_VERSION, INSTALLED_IMAGE, RECOVERY_MESSAGE, SimClock, SimError, SimNode, SimRunner,
+    upgrade,
 };
 pub use world::{ApiWrite, Build, Fault, FaultKind, RestartTimer, SimMachine, SimUnit, World};

@@ -3,6 +3,7 @@
 //! way systemd would drive it. Used by the simulation tests and the README's first command.
 
 use super::host::SimHost;
+use crate::config::NodeImage;
 use crate::effects::Effects;
 use crate::exec::{Clock, ExecError, Fed, Runner};
 use crate::machine::agent::{AgentBuild, InstallMode, Slot};
@@ -11,6 +12,7 @@ use crate::machine::input::{Claim, ClaimKind, JoinRequest};
 use crate::machine::state::{Goal, OpRef};
 use crate::machine::{Input, NodeState, Timestamp};
 use crate::store::Store;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -57,6 +59,9 @@ pub enum SimError {
     TooManyCrashes(u32),
 }
 
+/// The Kubernetes version a simulated join's goal names.
+pub const GOAL_VERSION: &str = "v1.34.2";
+
 #[derive(Debug)]
 pub struct SimNode {
     pub host: SimHost,
@@ -68,6 +73,8 @@ pub struct SimNode {
     /// Of those, deaths of the agent daemon after which systemd started the agent again: each
     /// is a restart of the agent, which an interrupted restart effect may count as done.
     pub daemon_restarts: u32,
+    /// The configuration's node images, given to every process's executor.
+    pub node_images: BTreeMap<String, NodeImage>,
 }
 
 impl SimNode {
@@ -83,6 +90,7 @@ impl SimNode {
             runner: None,
             crashes: 0,
             daemon_restarts: 0,
+            node_images: BTreeMap::new(),
         }
     }
 
@@ -108,7 +116,9 @@ impl SimNode {
                 host: self.host.clone(),
                 publisher: self.host.clone(),
             };
-            self.runner = Some(Runner::new(store, fx, self.clock.clone()));
+            let mut runner = Runner::new(store, fx, self.clock.clone());
+            runner.node_images = self.node_images.clone();
+            self.runner = Some(runner);
         }
         self.runner.as_mut().ok_or(ExecError::Crashed)
     }
@@ -249,7 +259,7 @@ impl SimNode {
                 arch: Arch::Amd64,
                 goal: Goal {
                     generation: 1,
-                    kubernetes_version: "v1.34.2".into(),
+                    kubernetes_version: GOAL_VERSION.into(),
                 },
                 agent,
             }))

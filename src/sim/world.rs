@@ -53,6 +53,10 @@ pub struct RestartTimer {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SimMachine {
     pub kubernetes_version: Option<String>,
+    /// The node image its tree was unpacked from (hex digest); `None`: the minimal tree.
+    pub image: Option<String>,
+    /// An image unpacked into the tree, not completed yet.
+    pub unpacked: Option<String>,
     /// Its unit (an instance of systemd's own template) is enabled.
     pub enabled: bool,
     pub running: bool,
@@ -117,6 +121,8 @@ pub struct World {
     pub current: Option<AgentBuild>,
     pub last_good: Option<AgentBuild>,
     pub runtime_files: bool,
+    /// flexnode's drop-ins by unit.
+    pub drop_ins: BTreeMap<String, String>,
     /// Swap lines in the host's fstab that are not commented out.
     pub fstab_swap: bool,
     /// The machines' kernel modules loaded (and listed for boots).

@@ -6,6 +6,7 @@ use rusqlite::{Connection, TransactionBehavior};
 pub const MIGRATIONS: &[&str] = &[
     include_str!("../../state/0001_init.sql"),
     include_str!("../../state/0002_agent_images.sql"),
+    include_str!("../../state/0003_node_seen.sql"),
 ];
 
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

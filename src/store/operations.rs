@@ -184,4 +184,36 @@ impl StoreReader {
     pub fn last_result(&self) -> Result<Option<StoredResult>, StoreError> {
         last_result(self.conn())
     }
+
+    /// The Node as last seen (its JSON, as recorded) and when.
+    pub fn node_seen(&self) -> Result<Option<(String, Timestamp)>, StoreError> {
+        node_seen(self.conn())
+    }
+}
+
+impl Store {
+    /// Remembers the Node as seen at `now` (only the latest), as JSON.
+    pub fn record_node_seen(&self, json: &str, now: Timestamp) -> Result<(), StoreError> {
+        self.conn().execute(
+            "INSERT INTO node_seen (id, seen, seen_at) VALUES (1, ?1, ?2)
+             ON CONFLICT(id) DO UPDATE SET seen = ?1, seen_at = ?2",
+            params![json, now.millis()],
+        )?;
+        Ok(())
+    }
+}
+
+fn node_seen(conn: &Connection) -> Result<Option<(String, Timestamp)>, StoreError> {
+    // A reader may meet a store the daemon has not migrated yet (schema 3 added the table).
+    let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    if version < 3 {
+        return Ok(None);
+    }
+    Ok(conn
+        .query_row(
+            "SELECT seen, seen_at FROM node_seen WHERE id = 1",
+            [],
+            |r| Ok((r.get(0)?, Timestamp::from_millis(r.get(1)?))),
+        )
+        .optional()?)
 }

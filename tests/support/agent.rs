@@ -64,9 +64,8 @@ impl Agent {
                 &store,
                 &config.node_name,
                 client.clone(),
-                host.clone(),
-                host.clone(),
-                host.clone(),
+                (host.clone(), host.clone(), host.clone()),
+                Default::default(),
             )
             .await
             .expect("the daemon's store");

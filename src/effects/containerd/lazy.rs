@@ -4,7 +4,7 @@
 use super::{GrpcContainerd, RegistryConfig};
 use crate::effects::{Containerd, EffectResult};
 use crate::machine::agent::Sha256Hex;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use tokio::sync::OnceCell;
 
 #[derive(Debug)]
@@ -51,6 +51,10 @@ impl Containerd for LazyContainerd {
 
     async fn name_agent_image(&self, digest: &Sha256Hex) -> EffectResult {
         self.client().await?.name_agent_image(digest).await
+    }
+
+    async fn unpack_image_into(&self, digest: &Sha256Hex, dir: &Path) -> EffectResult {
+        self.client().await?.unpack_image_into(digest, dir).await
     }
 
     async fn remove_agent_image(&self, digest: &Sha256Hex) -> EffectResult {

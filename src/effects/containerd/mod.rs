@@ -295,6 +295,10 @@ impl Containerd for GrpcContainerd {
         GrpcContainerd::check_image(self, digest).await
     }
 
+    async fn unpack_image_into(&self, digest: &Sha256Hex, dir: &Path) -> EffectResult {
+        GrpcContainerd::unpack_image_into(self, digest, dir).await
+    }
+
     /// A record named `AGENT_IMAGE_NAME@digest` beside the one it came by, labelled as pulled
     /// by the agent only when that one is.
     async fn name_agent_image(&self, digest: &Sha256Hex) -> EffectResult {

@@ -7,7 +7,10 @@
 //! with the cluster CA as the client CA. JSON for the kubelet's files (its YAML parser reads it,
 //! and serde escapes every value); containerd's TOML holds only validated values.
 
-use std::path::PathBuf;
+use crate::effects::containerd::basic_credentials;
+use crate::effects::fs::read_small;
+use crate::effects::{EffectError, EffectResult};
+use std::path::{Path, PathBuf};
 
 /// Where the node image's kubelet unit reads its arguments (`e2e/node-image/build`).
 pub const KUBELET_ENV: &str = "etc/kubernetes/kubelet.env";
@@ -29,6 +32,34 @@ pub struct KubeletSettings<'a> {
     pub sandbox_image: &'a str,
     /// The bridge network's pod range, e.g. `10.88.0.0/16`.
     pub pod_cidr: &'a str,
+    /// Registries the machine's containerd pulls from (the sandbox image's among them), with
+    /// the credentials the agent's registry file has for them.
+    pub registries: Vec<RegistryAccess>,
+    /// Certificates the machine's containerd trusts for those registries, PEM.
+    pub registry_ca_pem: Option<&'a [u8]>,
+}
+
+/// A registry host and its `user:password`, base64, if it needs one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RegistryAccess {
+    pub host: String,
+    pub auth: Option<String>,
+}
+
+/// Where the kubelet's settings come from: the node's configuration as this process reaches
+/// its files.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KubeletInputs {
+    pub node_name: String,
+    /// The API server as the agent reaches it (its kubeconfig's), `https://…`.
+    pub server: String,
+    /// The cluster CA, PEM (from the agent's kubeconfig).
+    pub ca_pem: Vec<u8>,
+    pub bootstrap_token_file: PathBuf,
+    pub trusted_ca_file: Option<PathBuf>,
+    pub registry_credentials_file: Option<PathBuf>,
+    pub sandbox_image: String,
+    pub pod_cidr: String,
 }
 
 /// A file of the machine's tree: its path relative to the tree, contents, mode.
@@ -50,9 +81,11 @@ pub enum KubeletSettingsError {
     PodCidr(String),
     #[error("the API server address is not an https URL")]
     Server,
+    #[error("the registry host {0:?} is not a host[:port]")]
+    Registry(String),
 }
 
-fn valid_token(t: &str) -> bool {
+pub fn valid_token(t: &str) -> bool {
     let lower = |s: &str, n: usize| {
         s.len() == n
             && s.bytes()
@@ -62,13 +95,13 @@ fn valid_token(t: &str) -> bool {
         .is_some_and(|(id, secret)| lower(id, 6) && lower(secret, 16))
 }
 
-fn valid_reference(r: &str) -> bool {
+pub fn valid_reference(r: &str) -> bool {
     !r.is_empty()
         && r.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"._/:@-".contains(&b))
 }
 
-fn valid_cidr(c: &str) -> bool {
+pub fn valid_cidr(c: &str) -> bool {
     c.split_once('/').is_some_and(|(ip, bits)| {
         ip.parse::<std::net::Ipv4Addr>().is_ok() && bits.parse::<u8>().is_ok_and(|b| b <= 32)
     })
@@ -97,6 +130,19 @@ pub fn machine_files(s: &KubeletSettings) -> Result<Vec<MachineFile>, KubeletSet
     }
     if !s.server.starts_with("https://") || s.server.contains(char::is_whitespace) {
         return Err(KubeletSettingsError::Server);
+    }
+    for r in &s.registries {
+        let host_ok = !r.host.is_empty()
+            && r.host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b".:-[]".contains(&b));
+        let auth_ok = r.auth.as_ref().is_none_or(|a| {
+            a.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"+/=".contains(&b))
+        });
+        if !host_ok || !auth_ok {
+            return Err(KubeletSettingsError::Registry(r.host.clone()));
+        }
     }
     use base64::Engine;
     let ca_data = base64::engine::general_purpose::STANDARD.encode(s.ca_pem);
@@ -146,6 +192,26 @@ pub fn machine_files(s: &KubeletSettings) -> Result<Vec<MachineFile>, KubeletSet
          conf_dir = \"/etc/cni/net.d\"\n",
         s.sandbox_image
     );
+    // containerd 1.6's CRI registry settings (the node image's containerd).
+    let mut containerd = containerd;
+    for r in &s.registries {
+        let table = format!(
+            "[plugins.\"io.containerd.grpc.v1.cri\".registry.configs.\"{}\"",
+            r.host
+        );
+        if let Some(auth) = &r.auth {
+            containerd += &format!("{table}.auth]\n  auth = \"{auth}\"\n");
+        }
+        if s.registry_ca_pem.is_some() {
+            containerd += &format!("{table}.tls]\n  ca_file = \"/{REGISTRY_CA}\"\n");
+        }
+    }
+    // A password in it makes it private.
+    let containerd_mode = if s.registries.iter().any(|r| r.auth.is_some()) {
+        0o600
+    } else {
+        0o644
+    };
     let cni = serde_json::json!({
         "cniVersion": "1.0.0",
         "name": "flexnode",
@@ -157,7 +223,15 @@ pub fn machine_files(s: &KubeletSettings) -> Result<Vec<MachineFile>, KubeletSet
         ],
     });
     let json = |v: &serde_json::Value| v.to_string() + "\n";
-    Ok(vec![
+    let mut files = Vec::new();
+    if let Some(pem) = s.registry_ca_pem {
+        files.push(file(
+            REGISTRY_CA,
+            String::from_utf8_lossy(pem).into_owned(),
+            0o644,
+        ));
+    }
+    files.extend([
         file(
             "etc/kubernetes/ca.crt",
             String::from_utf8_lossy(s.ca_pem).into_owned(),
@@ -169,10 +243,88 @@ pub fn machine_files(s: &KubeletSettings) -> Result<Vec<MachineFile>, KubeletSet
             0o600,
         ),
         file("etc/kubernetes/kubelet.yaml", json(&config), 0o644),
-        file("etc/containerd/config.toml", containerd, 0o644),
+        file("etc/containerd/config.toml", containerd, containerd_mode),
         file("etc/cni/net.d/10-flexnode.conflist", json(&cni), 0o644),
         file(KUBELET_ENV, env, 0o644),
-    ])
+    ]);
+    Ok(files)
+}
+
+/// The registry CA's place in the machine's tree.
+const REGISTRY_CA: &str = "etc/containerd/flexnode-registry-ca.pem";
+
+/// The machine's files from `inputs`: the token from its file, the registries' credentials
+/// from the agent's. Errors name files, never their contents.
+pub fn files_from(inputs: &KubeletInputs) -> EffectResult<Vec<MachineFile>> {
+    let read = |path: &Path| -> EffectResult<String> {
+        read_small(path, 1 << 20, true)?
+            .ok_or_else(|| EffectError::Failed(format!("{}: not found", path.display())))
+    };
+    let bad = |path: &Path, why: &str| EffectError::Failed(format!("{}: {why}", path.display()));
+    let token = read(&inputs.bootstrap_token_file)?;
+    let registry_ca = inputs
+        .trusted_ca_file
+        .as_deref()
+        .map(|p| read(p).map(String::into_bytes))
+        .transpose()?;
+    let credentials = inputs
+        .registry_credentials_file
+        .as_deref()
+        .map(read)
+        .transpose()?;
+    let mut hosts: Vec<String> = credentials
+        .as_deref()
+        .and_then(|doc| serde_json::from_str::<serde_json::Value>(doc).ok())
+        .and_then(|v| {
+            v.get("auths")?
+                .as_object()
+                .map(|a| a.keys().cloned().collect())
+        })
+        .unwrap_or_default();
+    if let Some(host) = image_host(&inputs.sandbox_image)
+        && !hosts.iter().any(|h| h == host)
+    {
+        hosts.push(host.to_string());
+    }
+    let mut registries = Vec::new();
+    for host in hosts {
+        let auth = match &credentials {
+            None => None,
+            Some(doc) => basic_credentials(doc, &host)
+                .map_err(|why| {
+                    bad(
+                        inputs
+                            .registry_credentials_file
+                            .as_deref()
+                            .unwrap_or(Path::new("registry credentials")),
+                        why,
+                    )
+                })?
+                .map(|(user, pass)| {
+                    use base64::Engine;
+                    base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"))
+                }),
+        };
+        registries.push(RegistryAccess { host, auth });
+    }
+    let settings = KubeletSettings {
+        node_name: &inputs.node_name,
+        server: &inputs.server,
+        ca_pem: &inputs.ca_pem,
+        credential: KubeletCredential::BootstrapToken(token.trim()),
+        sandbox_image: &inputs.sandbox_image,
+        pod_cidr: &inputs.pod_cidr,
+        registries,
+        registry_ca_pem: registry_ca.as_deref(),
+    };
+    machine_files(&settings).map_err(|e| EffectError::Failed(format!("kubelet settings: {e}")))
+}
+
+/// The registry of a reference that names one (`host[:port]/…` with a dot, a colon or
+/// `localhost` in its first part, as Docker reads references).
+fn image_host(reference: &str) -> Option<&str> {
+    let (first, _) = reference.split_once('/')?;
+    (first.contains('.') || first.contains(':') || first == "localhost").then_some(first)
 }
 
 #[cfg(test)]
@@ -187,6 +339,13 @@ mod tests {
             credential: KubeletCredential::BootstrapToken(token),
             sandbox_image: "10.0.2.100:5000/lab/pause@sha256:00",
             pod_cidr: "10.88.0.0/16",
+            registries: vec![RegistryAccess {
+                host: "10.0.2.100:5000".into(),
+                auth: Some("dXNlcjpwdw==".into()),
+            }],
+            registry_ca_pem: Some(
+                b"-----BEGIN CERTIFICATE-----\nMIIC\n-----END CERTIFICATE-----\n",
+            ),
         }
     }
 
@@ -234,5 +393,76 @@ mod tests {
         let mut s = settings("abcdef.0123456789abcdef");
         s.server = "http://10.0.2.100:6443";
         assert_eq!(machine_files(&s), Err(KubeletSettingsError::Server));
+    }
+
+    #[test]
+    fn registry_passwords_make_containerd_s_file_private_and_stay_out_of_the_rest() {
+        let files = machine_files(&settings("abcdef.0123456789abcdef")).expect("files");
+        let config = files
+            .iter()
+            .find(|f| f.path.ends_with("config.toml"))
+            .expect("containerd config");
+        let text = String::from_utf8_lossy(&config.contents);
+        assert!(
+            text.contains("registry.configs.\"10.0.2.100:5000\".auth]"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ca_file = \"/etc/containerd/flexnode-registry-ca.pem\""),
+            "{text}"
+        );
+        assert_eq!(config.mode, 0o600);
+        for f in files.iter().filter(|f| !f.path.ends_with("config.toml")) {
+            assert!(!String::from_utf8_lossy(&f.contents).contains("dXNlcjpwdw=="));
+        }
+        let mut s = settings("abcdef.0123456789abcdef");
+        s.registries[0].host = "evil\"]\n[x".into();
+        assert!(matches!(
+            machine_files(&s),
+            Err(KubeletSettingsError::Registry(_))
+        ));
+    }
+
+    #[test]
+    fn files_from_reads_the_token_and_the_credentials_for_the_sandbox_registry() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let token = dir.path().join("token");
+        std::fs::write(&token, "abcdef.0123456789abcdef\n").expect("token");
+        let creds = dir.path().join("creds.json");
+        std::fs::write(
+            &creds,
+            r#"{"auths": {"10.0.2.100:5000": {"username": "u", "password": "p"}}}"#,
+        )
+        .expect("creds");
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, "-----BEGIN CERTIFICATE-----\nMIIC\n").expect("ca");
+        let inputs = KubeletInputs {
+            node_name: "edge-07".into(),
+            server: "https://10.0.2.100:6443".into(),
+            ca_pem: b"-----BEGIN CERTIFICATE-----\n".to_vec(),
+            bootstrap_token_file: token,
+            trusted_ca_file: Some(ca),
+            registry_credentials_file: Some(creds),
+            sandbox_image: "registry.example/pause:3.10".into(),
+            pod_cidr: "10.88.0.0/16".into(),
+        };
+        let files = files_from(&inputs).expect("files");
+        let config = files
+            .iter()
+            .find(|f| f.path.ends_with("config.toml"))
+            .expect("config");
+        let text = String::from_utf8_lossy(&config.contents);
+        // base64("u:p"); the sandbox image's registry trusts the CA too, without credentials.
+        assert!(text.contains("auth = \"dTpw\""), "{text}");
+        assert!(text.contains("configs.\"registry.example\".tls]"), "{text}");
+        assert!(
+            !text.contains("configs.\"registry.example\".auth]"),
+            "{text}"
+        );
+        let kubeconfig = files
+            .iter()
+            .find(|f| f.path.ends_with("bootstrap.kubeconfig"))
+            .expect("bootstrap");
+        assert!(String::from_utf8_lossy(&kubeconfig.contents).contains("abcdef.0123456789abcdef"));
     }
 }

@@ -2,12 +2,14 @@
 //! version (a marker records which), moved aside in one step and then deleted.
 
 use super::FsHost;
+use super::kubelet::files_from;
 use super::root::resolve_in_root;
 use crate::effects::fs::{
     TempFile, create_parents, ensure_real_dir, io_failed, read_small, remove_no_follow,
     remove_tree, replace_symlink, sweep_temps, sync_dir, write_file_atomic,
 };
-use crate::effects::{EffectError, EffectResult};
+use crate::effects::{EffectError, EffectResult, MachineTree};
+use crate::machine::agent::Sha256Hex;
 use crate::machine::state::Side;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
@@ -23,6 +25,31 @@ BindReadOnly=/usr
 
 [Network]
 VirtualEthernet=no
+";
+/// Settings of a machine unpacked from a node image, which runs a kubelet and its containerd
+/// (docs/node.md): its own systemd, every capability, the host's network and kernel modules,
+/// the kernel log for the kubelet's OOM watcher.
+pub const NSPAWN_KUBELET_SETTINGS: &str = "\
+[Exec]
+Boot=yes
+PrivateUsers=no
+Capability=all
+SystemCallFilter=@keyring bpf perf_event_open
+
+[Files]
+BindReadOnly=/lib/modules
+Bind=/dev/kmsg
+
+[Network]
+VirtualEthernet=no
+";
+/// The machine unit's drop-in for a kubelet: `/proc/sys` writable (the kubelet and CNI set
+/// sysctls) and the kernel log readable.
+pub const MACHINE_DROP_IN: &str = "\
+# Written by flexnode: what a kubelet in the machine needs.
+[Service]
+Environment=SYSTEMD_NSPAWN_API_VFS_WRITABLE=yes
+DeviceAllow=/dev/kmsg rw
 ";
 /// Marker of a provisioned machine, written last (relative to the machine tree).
 pub const MACHINE_MARKER: &str = "etc/flexnode-machine.json";
@@ -48,7 +75,7 @@ impl FsHost {
             })
     }
 
-    pub(super) fn read_marker(&self, side: Side) -> EffectResult<Option<String>> {
+    pub(super) fn read_marker(&self, side: Side) -> EffectResult<Option<MachineTree>> {
         let dir = self.layout.machine_dir(side);
         match std::fs::symlink_metadata(&dir) {
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
@@ -68,14 +95,79 @@ impl FsHost {
         let Some(text) = read_small(&marker, 4096, false)? else {
             return Ok(None);
         };
-        let version = serde_json::from_str::<serde_json::Value>(&text)
-            .ok()
-            .and_then(|v| v.get("kubernetesVersion")?.as_str().map(str::to_string));
-        if version.is_none() {
+        let value = serde_json::from_str::<serde_json::Value>(&text).ok();
+        let field = |k: &str| {
+            value
+                .as_ref()
+                .and_then(|v| v.get(k)?.as_str().map(str::to_string))
+        };
+        let image = field("image").map(|d| Sha256Hex::parse(&d));
+        match (field("kubernetesVersion"), image) {
+            (Some(kubernetes_version), None) => Ok(Some(MachineTree {
+                kubernetes_version,
+                image: None,
+            })),
+            (Some(kubernetes_version), Some(Some(digest))) => Ok(Some(MachineTree {
+                kubernetes_version,
+                image: Some(digest),
+            })),
             // Only our own atomic writes make this file: a bad one is re-provisioned.
-            tracing::warn!(path = %marker.display(), "machine marker unreadable; ignoring it");
+            _ => {
+                tracing::warn!(path = %marker.display(), "machine marker unreadable; ignoring it");
+                Ok(None)
+            }
         }
-        Ok(version)
+    }
+
+    /// The side's tree made empty (a crash half-way through an unpack leaves no marker; a tree
+    /// of another version has one): moved aside and deleted, then created again.
+    pub(super) fn clear_tree(&self, side: Side) -> EffectResult<PathBuf> {
+        self.remove_machine_tree(side)?;
+        let l = &self.layout;
+        let machines = l.machines_dir();
+        create_parents(&machines)?;
+        ensure_real_dir(&machines, 0o700)?;
+        let root = l.machine_dir(side);
+        ensure_real_dir(&root, 0o755)?;
+        Ok(root)
+    }
+
+    /// A tree unpacked from `image`: the kubelet's files, its nspawn settings, the marker.
+    pub(super) fn complete(
+        &self,
+        side: Side,
+        kubernetes_version: &str,
+        image: &Sha256Hex,
+    ) -> EffectResult {
+        let inputs = self.kubelet.as_ref().ok_or_else(|| {
+            EffectError::Failed("no kubelet settings: the configuration names no node image".into())
+        })?;
+        let l = &self.layout;
+        let root = l.machine_dir(side);
+        for f in files_from(inputs)? {
+            // Resolved inside the tree: the image's own links never lead a write out of it.
+            let path = resolve_in_root(&root, &f.path)
+                .map_err(|e| io_failed("resolve", &root.join(&f.path), &e))?;
+            create_parents(&path)?;
+            write_file_atomic(&path, &f.contents, f.mode)?;
+        }
+        let nspawn = l.nspawn_dir();
+        create_parents(&nspawn)?;
+        ensure_real_dir(&nspawn, 0o755)?;
+        write_file_atomic(
+            &l.nspawn_file(side),
+            NSPAWN_KUBELET_SETTINGS.as_bytes(),
+            0o644,
+        )?;
+        let marker = serde_json::json!({
+            "kubernetesVersion": kubernetes_version,
+            "image": image.oci(),
+        });
+        write_file_atomic(
+            &l.machine_marker(side),
+            format!("{marker}\n").as_bytes(),
+            0o644,
+        )
     }
 
     pub(super) fn provision(&self, side: Side, kubernetes_version: &str) -> EffectResult {
@@ -90,7 +182,7 @@ impl FsHost {
         // A different version being provisioned: the old marker goes first.
         if self
             .read_marker(side)?
-            .is_some_and(|v| v != kubernetes_version)
+            .is_some_and(|t| t.kubernetes_version != kubernetes_version || t.image.is_some())
         {
             remove_no_follow(&l.machine_marker(side))?;
         }

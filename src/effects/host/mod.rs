@@ -23,7 +23,7 @@
 mod candidate;
 mod exec;
 mod kernel;
-mod kubelet;
+pub mod kubelet;
 mod layout;
 mod machines;
 mod root;
@@ -34,19 +34,19 @@ pub use candidate::{CHECK_OUTPUT_MAX, CHECK_PATH, DEFAULT_CHECK_TIMEOUT};
 pub use exec::{HOST_EXEC_TIMEOUT, run_in_root};
 pub use kernel::KERNEL_MODULES;
 pub use kubelet::{
-    KUBELET_ENV, KubeletCredential, KubeletSettings, KubeletSettingsError, MachineFile,
-    machine_files,
+    KUBELET_ENV, KubeletCredential, KubeletInputs, KubeletSettings, KubeletSettingsError,
+    MachineFile, RegistryAccess, machine_files,
 };
 pub use layout::{
     AGENT_IMAGE_NAME, AGENT_IMAGE_VAR, BIN_LINK_TARGET, HostLayout, agent_image_ref,
     image_ref_digest, running_build, slot_link_target,
 };
-pub use machines::{MACHINE_MARKER, NSPAWN_SETTINGS};
+pub use machines::{MACHINE_DROP_IN, MACHINE_MARKER, NSPAWN_KUBELET_SETTINGS, NSPAWN_SETTINGS};
 pub use root::resolve_in_root;
 
 use super::archive::ArchiveFetcher;
 use super::fs::{io_failed, remove_no_follow, remove_tree, sync_existing_dir};
-use super::{EffectError, EffectResult, Host};
+use super::{EffectError, EffectResult, Host, MachineTree};
 use crate::machine::agent::{AgentBuild, Arch, ArchiveUrl, InstallMode, Sha256Hex, Slot};
 use crate::machine::state::Side;
 use candidate::run_version;
@@ -63,6 +63,8 @@ pub struct FsHost {
     fetcher: ArchiveFetcher,
     arch: Arch,
     os_release: Option<PathBuf>,
+    /// What machines unpacked from a node image are given; `None` without node images.
+    kubelet: Option<KubeletInputs>,
 }
 
 impl FsHost {
@@ -88,7 +90,14 @@ impl FsHost {
             fetcher: ArchiveFetcher::new(),
             arch: Arch::from_rust(std::env::consts::ARCH),
             os_release: None,
+            kubelet: None,
         }
+    }
+
+    /// Where the kubelet's settings for machines from a node image come from.
+    pub fn with_kubelet(mut self, inputs: KubeletInputs) -> Self {
+        self.kubelet = Some(inputs);
+        self
     }
 
     /// The executable `install_agent` copies into a slot.
@@ -301,8 +310,35 @@ impl Host for FsHost {
         .await
     }
 
-    async fn machine_rootfs(&self, side: Side) -> EffectResult<Option<String>> {
+    async fn machine_rootfs(&self, side: Side) -> EffectResult<Option<MachineTree>> {
         self.blocking(move |h| h.read_marker(side)).await
+    }
+
+    async fn machine_tree_exists(&self, side: Side) -> EffectResult<bool> {
+        self.blocking(move |h| {
+            let dir = h.layout.machine_dir(side);
+            match std::fs::symlink_metadata(&dir) {
+                Ok(_) => Ok(true),
+                Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+                Err(e) => Err(io_failed("inspect", &dir, &e)),
+            }
+        })
+        .await
+    }
+
+    async fn clear_machine_tree(&self, side: Side) -> EffectResult<PathBuf> {
+        self.blocking(move |h| h.clear_tree(side)).await
+    }
+
+    async fn complete_machine(
+        &self,
+        side: Side,
+        kubernetes_version: &str,
+        image: &Sha256Hex,
+    ) -> EffectResult {
+        let (version, image) = (kubernetes_version.to_string(), image.clone());
+        self.blocking(move |h| h.complete(side, &version, &image))
+            .await
     }
 
     async fn provision_machine(&self, side: Side, kubernetes_version: &str) -> EffectResult {

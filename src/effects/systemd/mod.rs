@@ -21,7 +21,7 @@ use jobs::JobError;
 pub use jobs::JobOutcome;
 pub use machined::{MachineEntry, MachineInfo};
 
-use super::fs::{read_small, sync_dir, write_file_atomic};
+use super::fs::{ensure_real_dir, read_small, sync_dir, write_file_atomic};
 use super::{EffectError, EffectResult, MachineStatus, Systemd, check_unit_name, machine_unit};
 use crate::machine::Timestamp;
 use crate::machine::state::Side;
@@ -33,6 +33,8 @@ use zbus_systemd::systemd1::{ManagerProxy, UnitProxy};
 
 /// Where the agent's unit files live on a normal system.
 pub const DEFAULT_UNIT_DIR: &str = "/etc/systemd/system";
+/// flexnode's drop-in, in `<unit>.d/`.
+pub const DROP_IN: &str = "flexnode.conf";
 /// How long a start/stop/restart job may take before the call gives up.
 pub const DEFAULT_JOB_TIMEOUT: Duration = Duration::from_secs(90);
 /// The tool the transient restart service runs: systemd's own D-Bus client.
@@ -230,6 +232,45 @@ impl Systemd for DbusSystemd {
         })
         .await
         .map_err(|e| EffectError::Failed(format!("write unit: {e}")))?
+    }
+
+    async fn write_drop_in(&self, unit: &str, contents: &str) -> EffectResult<bool> {
+        check_unit_name(unit)?;
+        let dir = self.unit_dir.join(format!("{unit}.d"));
+        let contents = contents.to_string();
+        tokio::task::spawn_blocking(move || {
+            let path = dir.join(DROP_IN);
+            if read_small(&path, 1 << 20, false)?.as_deref() == Some(contents.as_str()) {
+                return Ok(false);
+            }
+            ensure_real_dir(&dir, 0o755)?;
+            write_file_atomic(&path, contents.as_bytes(), 0o644).map(|()| true)
+        })
+        .await
+        .map_err(|e| EffectError::Failed(format!("write drop-in: {e}")))?
+    }
+
+    async fn remove_drop_in(&self, unit: &str) -> EffectResult<bool> {
+        check_unit_name(unit)?;
+        let dir = self.unit_dir.join(format!("{unit}.d"));
+        tokio::task::spawn_blocking(move || {
+            let path = dir.join(DROP_IN);
+            match std::fs::remove_file(&path) {
+                Ok(()) => {
+                    sync_dir(&dir)?;
+                    // Only an empty directory goes with it: others' drop-ins stay.
+                    let _ = std::fs::remove_dir(&dir);
+                    Ok(true)
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+                Err(e) => Err(EffectError::Failed(format!(
+                    "remove {}: {e}",
+                    path.display()
+                ))),
+            }
+        })
+        .await
+        .map_err(|e| EffectError::Failed(format!("remove drop-in: {e}")))?
     }
 
     async fn remove_unit(&self, name: &str) -> EffectResult {

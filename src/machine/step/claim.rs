@@ -50,6 +50,7 @@ pub(super) fn claim_operation(
                     side: node.active,
                     not_before: now,
                 },
+                Effect::AwaitNode { side: node.active },
             ],
         ),
         ClaimKind::AgentReset => Step::to(

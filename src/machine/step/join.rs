@@ -44,6 +44,7 @@ pub(super) fn join(
                 kubernetes_version: req.goal.kubernetes_version.clone(),
             },
             Effect::StartMachine { side: node.active },
+            Effect::AwaitNode { side: node.active },
         ],
     )
 }

@@ -50,6 +50,7 @@ pub(super) fn effects_done(
             vec![
                 Effect::StopMachine { side: from },
                 Effect::StartMachine { side: to },
+                Effect::AwaitNode { side: to },
             ],
         ),
         RepavePhase::SwitchingOver => Step::to(
@@ -107,6 +108,7 @@ pub(super) fn repave_failure(
             vec![
                 Effect::StopMachine { side: to },
                 Effect::StartMachine { side: from },
+                Effect::AwaitNode { side: from },
             ],
         ),
         RepavePhase::RollingBack { message: first } => repave_failed(

@@ -1,0 +1,103 @@
+//! The images a configuration names: the container install's agent image and the node
+//! images the machines are unpacked from.
+
+use super::{ConfigError, bad};
+use crate::machine::agent::{ImageRef, InstallMode, Sha256Hex};
+use crate::machine::validate::{InvalidParameter, parse_oci_url};
+use std::path::PathBuf;
+
+/// The container install's image, pinned by digest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentImage {
+    pub image: ImageRef,
+    pub digest: Sha256Hex,
+    /// An OCI archive holding it, on the node (absolute path).
+    pub archive: Option<PathBuf>,
+}
+
+impl AgentImage {
+    /// `registry/repository@sha256:…`, what a pull by digest and `ctr` take.
+    pub fn pinned(&self) -> String {
+        self.image.pinned(&self.digest)
+    }
+}
+
+/// The container install names its image by digest; the host install names none. Messages
+/// are fixed: a reference may carry a token in its query, so none is echoed.
+pub(super) fn agent_image(
+    mode: InstallMode,
+    image: Option<&str>,
+    digest: Option<&str>,
+) -> Result<Option<AgentImage>, ConfigError> {
+    if mode == InstallMode::Host {
+        return match (image, digest) {
+            (None, None) => Ok(None),
+            (Some(_), _) => Err(bad("agentImage", ONLY_CONTAINER)),
+            (None, Some(_)) => Err(bad("agentImageDigest", ONLY_CONTAINER)),
+        };
+    }
+    let image = image.ok_or_else(|| {
+        bad(
+            "agentImage",
+            "is required for the container install: oci://REGISTRY/REPOSITORY[:TAG]",
+        )
+    })?;
+    let image = parse_oci_url(image.trim()).map_err(|e| {
+        bad(
+            "agentImage",
+            match e {
+                InvalidParameter::DigestInImageReference => {
+                    "must not embed a digest; put it in agentImageDigest"
+                }
+                _ => "is not an oci://REGISTRY/REPOSITORY[:TAG] reference",
+            },
+        )
+    })?;
+    let digest = digest.ok_or_else(|| {
+        bad(
+            "agentImageDigest",
+            "is required for the container install: the image's sha256:<64 hex> digest",
+        )
+    })?;
+    let digest = Sha256Hex::parse(digest).ok_or_else(|| {
+        bad(
+            "agentImageDigest",
+            "must be sha256:<64 hexadecimal characters>",
+        )
+    })?;
+    Ok(Some(AgentImage {
+        image,
+        digest,
+        archive: None,
+    }))
+}
+
+pub(super) const ONLY_CONTAINER: &str = "only the container install runs an agent image";
+
+/// A node image: the machines' root tree for one Kubernetes version, pinned by digest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeImage {
+    pub image: ImageRef,
+    pub digest: Sha256Hex,
+}
+
+impl NodeImage {
+    pub fn pinned(&self) -> String {
+        self.image.pinned(&self.digest)
+    }
+}
+
+/// `nodeImages` values: `oci://REGISTRY/REPOSITORY[:TAG]@sha256:<64 hex>`, a digest required
+/// (a tag alone could change under the node). Messages are fixed, as for the agent image.
+pub(super) fn node_image(version: &str, value: &str) -> Result<NodeImage, ConfigError> {
+    const SHAPE: &str = "oci://REGISTRY/REPOSITORY[:TAG]@sha256:<64 hex>";
+    let setting = format!("nodeImages.{version}");
+    let (url, digest) = value
+        .trim()
+        .rsplit_once('@')
+        .ok_or_else(|| bad(&setting, format!("must be pinned by digest: {SHAPE}")))?;
+    let digest = Sha256Hex::parse(digest)
+        .ok_or_else(|| bad(&setting, format!("has no sha256 digest: {SHAPE}")))?;
+    let image = parse_oci_url(url).map_err(|_| bad(&setting, format!("is not {SHAPE}")))?;
+    Ok(NodeImage { image, digest })
+}

@@ -1,0 +1,377 @@
+//! The node's configuration (`flexnode join --config FILE`, `/etc/flexnode/config.yaml`).
+//! Schema and the list of impossible settings: docs/config.md. An impossible setting is a
+//! `ConfigError` naming it; the CLI exits 78 for those, and the bootstrap unit never retries.
+
+mod files;
+mod image;
+
+use crate::effects::host::kubelet::{valid_cidr, valid_reference};
+use crate::machine::agent::InstallMode;
+use files::{
+    check_bootstrap_token, check_kubeconfig, check_registry_credentials, check_trusted_ca,
+    read_small,
+};
+pub use files::{kubeconfig_cluster, process_uid};
+pub use image::{AgentImage, NodeImage};
+use image::{ONLY_CONTAINER, agent_image, node_image};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// Where `join` installs the rendered configuration and the node's credential.
+pub const CONFIG_PATH: &str = "/etc/flexnode/config.yaml";
+pub const KUBECONFIG_PATH: &str = "/etc/flexnode/kubeconfig";
+pub const TRUSTED_CA_PATH: &str = "/etc/flexnode/trusted-ca.pem";
+pub const REGISTRY_CREDENTIALS_PATH: &str = "/etc/flexnode/registry-credentials.json";
+pub const BOOTSTRAP_TOKEN_PATH: &str = "/etc/flexnode/bootstrap-token";
+/// The pod sandbox image when the configuration names none (Kubernetes 1.34's).
+pub const DEFAULT_SANDBOX_IMAGE: &str = "registry.k8s.io/pause:3.10";
+pub const DEFAULT_POD_CIDR: &str = "10.88.0.0/16";
+/// Config files are refused above this size (they are a few hundred bytes).
+const MAX_FILE: u64 = 1 << 20;
+
+/// The file as written by an operator. Unknown keys are refused (a typo must not pass
+/// silently as a default).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ConfigFile {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubeconfig: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub install_mode: Option<String>,
+    #[serde(
+        default,
+        rename = "trustedCAFile",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub trusted_ca_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry_credentials_file: Option<PathBuf>,
+    /// The container install's image: `oci://REGISTRY/REPOSITORY[:TAG]`, pinned by
+    /// `agentImageDigest` (as an AgentUpgrade names one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_image_digest: Option<String>,
+    /// The container install's image as an OCI archive on the node's disk (`image/build
+    /// --archive`), imported by the bootstrap unit before it tries the registry: an offline
+    /// install or re-join.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_image_archive: Option<PathBuf>,
+    /// The node image per Kubernetes version, `oci://REGISTRY/REPOSITORY[:TAG]@sha256:…`:
+    /// the machines run its kubelet. Without it a machine is a minimal tree with no kubelet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_images: Option<BTreeMap<String, String>>,
+    /// A private file holding the kubelet's bootstrap token (`abcdef.0123456789abcdef`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap_token_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_image: Option<String>,
+    #[serde(default, rename = "podCIDR", skip_serializing_if = "Option::is_none")]
+    pub pod_cidr: Option<String>,
+}
+
+/// A validated configuration: every field usable as is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub node_name: String,
+    pub kubeconfig: PathBuf,
+    pub kubernetes_version: String,
+    pub install_mode: InstallMode,
+    /// Certificates trusted for https downloads and registries beyond the system store.
+    pub trusted_ca_file: Option<PathBuf>,
+    /// Registry credentials (Docker `config.json` shape), private to root.
+    pub registry_credentials_file: Option<PathBuf>,
+    /// The container install's image; `None` on the host install.
+    pub agent_image: Option<AgentImage>,
+    /// What the machines' kubelet runs from; `None`: machines without a kubelet.
+    pub node: Option<NodeConfig>,
+}
+
+/// The kubelet's side of the configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeConfig {
+    /// By Kubernetes version (`v1.34.12`).
+    pub images: BTreeMap<String, NodeImage>,
+    pub bootstrap_token_file: PathBuf,
+    pub sandbox_image: String,
+    pub pod_cidr: String,
+}
+
+/// A setting that cannot work. Never carries file contents (a kubeconfig holds a key).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    pub setting: String,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.setting, self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn bad(setting: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        setting: setting.to_string(),
+        message: message.into(),
+    }
+}
+
+impl Config {
+    /// Reads and validates `path`. `hostname` is the default node name.
+    pub fn load(path: &Path, hostname: &str) -> Result<Self, ConfigError> {
+        let text = read_small(path, "config")?;
+        Self::parse(&text, hostname)
+    }
+
+    /// YAML or JSON (JSON is YAML).
+    pub fn parse(text: &str, hostname: &str) -> Result<Self, ConfigError> {
+        let file: ConfigFile = serde_saphyr::from_str(text).map_err(|e| {
+            let msg = e.to_string();
+            // serde names the offending key; the value is never echoed back.
+            let setting = msg
+                .split('`')
+                .nth(1)
+                .filter(|_| msg.contains("unknown field"))
+                .unwrap_or("config");
+            bad(setting, first_line(&msg))
+        })?;
+        file.validate(hostname)
+    }
+
+    /// The file `join` installs: the same settings, the files it copies at their installed
+    /// paths.
+    pub fn rendered(&self) -> ConfigFile {
+        ConfigFile {
+            node_name: Some(self.node_name.clone()),
+            kubeconfig: Some(PathBuf::from(KUBECONFIG_PATH)),
+            kubernetes_version: Some(self.kubernetes_version.clone()),
+            install_mode: Some(self.install_mode.as_str().to_string()),
+            trusted_ca_file: self
+                .trusted_ca_file
+                .as_ref()
+                .map(|_| PathBuf::from(TRUSTED_CA_PATH)),
+            registry_credentials_file: self
+                .registry_credentials_file
+                .as_ref()
+                .map(|_| PathBuf::from(REGISTRY_CREDENTIALS_PATH)),
+            agent_image: self.agent_image.as_ref().map(|a| a.image.to_string()),
+            agent_image_digest: self.agent_image.as_ref().map(|a| a.digest.oci()),
+            agent_image_archive: self.agent_image.as_ref().and_then(|a| a.archive.clone()),
+            node_images: self.node.as_ref().map(|n| {
+                n.images
+                    .iter()
+                    .map(|(v, i)| (v.clone(), format!("{}@{}", i.image, i.digest.oci())))
+                    .collect()
+            }),
+            bootstrap_token_file: self
+                .node
+                .as_ref()
+                .map(|_| PathBuf::from(BOOTSTRAP_TOKEN_PATH)),
+            sandbox_image: self.node.as_ref().map(|n| n.sandbox_image.clone()),
+            pod_cidr: self.node.as_ref().map(|n| n.pod_cidr.clone()),
+        }
+    }
+}
+
+impl ConfigFile {
+    pub fn validate(self, hostname: &str) -> Result<Config, ConfigError> {
+        let install_mode = match self.install_mode.as_deref().unwrap_or("host") {
+            "host" => InstallMode::Host,
+            "container" => InstallMode::Container,
+            _ => return Err(bad("installMode", "must be \"host\" or \"container\"")),
+        };
+        let agent_image = agent_image(
+            install_mode,
+            self.agent_image.as_deref(),
+            self.agent_image_digest.as_deref(),
+        )?;
+        let agent_image = match (agent_image, self.agent_image_archive) {
+            (image, None) => image,
+            (None, Some(_)) => return Err(bad("agentImageArchive", ONLY_CONTAINER)),
+            // It goes into the bootstrap unit's environment file: one plain word.
+            (Some(_), Some(path))
+                if !path.is_absolute()
+                    || !path.to_str().is_some_and(|p| {
+                        p.bytes()
+                            .all(|b| b.is_ascii_graphic() && !b"\"'$\\`".contains(&b))
+                    }) =>
+            {
+                return Err(bad(
+                    "agentImageArchive",
+                    "must be an absolute path on the node, without spaces, quotes or `$`",
+                ));
+            }
+            (Some(image), Some(path)) => Some(AgentImage {
+                archive: Some(path),
+                ..image
+            }),
+        };
+        let node_name = match self.node_name {
+            Some(n) => n,
+            None => hostname.trim().to_ascii_lowercase(),
+        };
+        if !is_dns_subdomain(&node_name) {
+            return Err(bad(
+                "nodeName",
+                format!(
+                    "{node_name:?} is not a DNS-1123 name (lowercase letters, digits, '-' and '.', \
+                     at most 253 characters)"
+                ),
+            ));
+        }
+        let kubernetes_version = self
+            .kubernetes_version
+            .ok_or_else(|| bad("kubernetesVersion", "is required (for example v1.34.12)"))?;
+        if !is_kubernetes_version(&kubernetes_version) {
+            return Err(bad(
+                "kubernetesVersion",
+                format!("{kubernetes_version:?} is not a version like v1.34.12"),
+            ));
+        }
+        let kubeconfig = self.kubeconfig.ok_or_else(|| {
+            bad(
+                "kubeconfig",
+                "is required: the node's credential (a kubeconfig with a client certificate)",
+            )
+        })?;
+        check_kubeconfig(&kubeconfig)?;
+        if let Some(path) = &self.trusted_ca_file {
+            check_trusted_ca(path)?;
+        }
+        if let Some(path) = &self.registry_credentials_file {
+            check_registry_credentials(path)?;
+        }
+        let node = node_config(
+            &kubernetes_version,
+            self.node_images,
+            self.bootstrap_token_file,
+            self.sandbox_image,
+            self.pod_cidr,
+        )?;
+        // The kubelet is given the agent's API server and cluster CA.
+        if node.is_some() {
+            let (server, _) = kubeconfig_cluster(&kubeconfig)?;
+            if !server.starts_with("https://") {
+                return Err(bad(
+                    "kubeconfig",
+                    "its server must be an https URL: the kubelet is given it",
+                ));
+            }
+        }
+        Ok(Config {
+            node_name,
+            kubeconfig,
+            kubernetes_version,
+            install_mode,
+            trusted_ca_file: self.trusted_ca_file,
+            registry_credentials_file: self.registry_credentials_file,
+            agent_image,
+            node,
+        })
+    }
+}
+
+/// The kubelet's settings come with `nodeImages` or not at all; the goal's version must have
+/// an image.
+fn node_config(
+    kubernetes_version: &str,
+    images: Option<BTreeMap<String, String>>,
+    token_file: Option<PathBuf>,
+    sandbox_image: Option<String>,
+    pod_cidr: Option<String>,
+) -> Result<Option<NodeConfig>, ConfigError> {
+    let Some(images) = images else {
+        for (setting, set) in [
+            ("bootstrapTokenFile", token_file.is_some()),
+            ("sandboxImage", sandbox_image.is_some()),
+            ("podCIDR", pod_cidr.is_some()),
+        ] {
+            if set {
+                return Err(bad(setting, "is a kubelet setting: it needs nodeImages"));
+            }
+        }
+        return Ok(None);
+    };
+    let mut parsed = BTreeMap::new();
+    for (version, value) in &images {
+        if !is_kubernetes_version(version) {
+            return Err(bad(
+                "nodeImages",
+                format!("{version:?} is not a version like v1.34.12"),
+            ));
+        }
+        parsed.insert(version.clone(), node_image(version, value)?);
+    }
+    if !parsed.contains_key(kubernetes_version) {
+        return Err(bad(
+            "nodeImages",
+            format!("names no image for kubernetesVersion {kubernetes_version}"),
+        ));
+    }
+    let token_file = token_file.ok_or_else(|| {
+        bad(
+            "bootstrapTokenFile",
+            "is required with nodeImages: the kubelet's first credential",
+        )
+    })?;
+    check_bootstrap_token(&token_file)?;
+    let sandbox_image = sandbox_image.unwrap_or_else(|| DEFAULT_SANDBOX_IMAGE.to_string());
+    if !valid_reference(&sandbox_image) {
+        return Err(bad("sandboxImage", "is not an image reference"));
+    }
+    let pod_cidr = pod_cidr.unwrap_or_else(|| DEFAULT_POD_CIDR.to_string());
+    if !valid_cidr(&pod_cidr) {
+        return Err(bad(
+            "podCIDR",
+            format!("{pod_cidr:?} is not an IPv4 CIDR like 10.88.0.0/16"),
+        ));
+    }
+    Ok(Some(NodeConfig {
+        images: parsed,
+        bootstrap_token_file: token_file,
+        sandbox_image,
+        pod_cidr,
+    }))
+}
+
+fn first_line(s: &str) -> String {
+    s.lines().next().unwrap_or_default().to_string()
+}
+
+/// RFC 1123 subdomain, as Kubernetes requires of Node names.
+pub fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+fn is_kubernetes_version(s: &str) -> bool {
+    let Some(rest) = s.strip_prefix('v') else {
+        return false;
+    };
+    let parts: Vec<&str> = rest.split('.').collect();
+    parts.len() == 3
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.len() <= 4 && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,358 @@
+use super::*;
+use std::os::unix::fs::PermissionsExt;
+
+fn kubeconfig(dir: &Path, mode: u32) -> PathBuf {
+    let p = dir.join("node.kubeconfig");
+    std::fs::write(
+        &p,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://10.0.2.100:6443\nusers:\n- name: u\n  user:\n    token: SECRETTOKEN\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n",
+    )
+    .expect("write");
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    p
+}
+
+fn setting(text: &str) -> String {
+    Config::parse(text, "host-a").expect_err("refused").setting
+}
+
+#[test]
+fn valid_yaml_and_json_with_defaults() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let kc = kubeconfig(dir.path(), 0o600);
+    let yaml = format!(
+        "kubeconfig: {}\nkubernetesVersion: v1.34.12\n",
+        kc.display()
+    );
+    let c = Config::parse(&yaml, "Host-A\n").expect("valid");
+    assert_eq!(c.node_name, "host-a");
+    assert_eq!(c.install_mode, InstallMode::Host);
+    let json = format!(
+        r#"{{"nodeName": "n1", "kubeconfig": "{}", "kubernetesVersion": "v1.33.0", "installMode": "host"}}"#,
+        kc.display()
+    );
+    let c = Config::parse(&json, "x").expect("valid json");
+    assert_eq!(c.node_name, "n1");
+    let r = c.rendered();
+    assert_eq!(r.kubeconfig.as_deref(), Some(Path::new(KUBECONFIG_PATH)));
+}
+
+/// The container install names its image by digest, the host install none; no message
+/// repeats the reference (it may carry a token).
+#[test]
+fn the_container_install_names_its_image_by_digest() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let kc = kubeconfig(dir.path(), 0o600);
+    let base = format!("kubeconfig: {}\nkubernetesVersion: v1.34.1\n", kc.display());
+    let hex = "ab".repeat(32);
+    let c = Config::parse(
+        &format!(
+            "{base}installMode: container\nagentImage: oci://127.0.0.1:5000/flexnode:v1\n\
+             agentImageDigest: sha256:{hex}\n"
+        ),
+        "h",
+    )
+    .expect("valid");
+    assert_eq!(c.install_mode, InstallMode::Container);
+    let image = c.agent_image.as_ref().expect("image");
+    assert_eq!(
+        image.pinned(),
+        format!("127.0.0.1:5000/flexnode@sha256:{hex}")
+    );
+    let r = c.rendered();
+    assert_eq!(
+        r.agent_image.as_deref(),
+        Some("oci://127.0.0.1:5000/flexnode:v1")
+    );
+    assert_eq!(r.agent_image_digest, Some(format!("sha256:{hex}")));
+    let refused = |extra: &str| {
+        let e = Config::parse(&format!("{base}{extra}"), "h").expect_err("refused");
+        assert!(!e.to_string().contains("SECRET"), "{e}");
+        e.setting
+    };
+    let secret = "oci://r.example/a?token=SECRET";
+    for (extra, setting) in [
+        (
+            format!("installMode: container\nagentImageDigest: {hex}\n"),
+            "agentImage",
+        ),
+        (
+            format!("installMode: container\nagentImage: {secret}\nagentImageDigest: {hex}\n"),
+            "agentImage",
+        ),
+        (
+            format!(
+                "installMode: container\nagentImage: oci://r.example/a@sha256:{hex}\n\
+                 agentImageDigest: {hex}\n"
+            ),
+            "agentImage",
+        ),
+        (
+            "installMode: container\nagentImage: https://r.example/a.tar.gz\n".to_string(),
+            "agentImage",
+        ),
+        (
+            "installMode: container\nagentImage: oci://r.example/a\n".to_string(),
+            "agentImageDigest",
+        ),
+        (
+            "installMode: container\nagentImage: oci://r.example/a\nagentImageDigest: SECRET\n"
+                .to_string(),
+            "agentImageDigest",
+        ),
+        ("agentImage: oci://r.example/a\n".to_string(), "agentImage"),
+        (format!("agentImageDigest: {hex}\n"), "agentImageDigest"),
+        (
+            "agentImageArchive: /var/lib/a.tar\n".to_string(),
+            "agentImageArchive",
+        ),
+    ] {
+        assert_eq!(refused(&extra), setting, "{extra}");
+    }
+    // The image on the node's disk: an absolute path, one plain word (it goes into the
+    // bootstrap unit's environment file).
+    let container =
+        format!("installMode: container\nagentImage: oci://r.example/a\nagentImageDigest: {hex}\n");
+    for bad in [
+        "a.tar",
+        "/var/lib/my image.tar",
+        "/x/$HOME.tar",
+        "\"/x/a'b.tar\"",
+    ] {
+        assert_eq!(
+            refused(&format!("{container}agentImageArchive: {bad}\n")),
+            "agentImageArchive",
+            "{bad}"
+        );
+    }
+    let c = Config::parse(
+        &format!("{base}{container}agentImageArchive: /var/lib/offline/agent.oci.tar\n"),
+        "h",
+    )
+    .expect("valid");
+    let archive = c.agent_image.as_ref().and_then(|a| a.archive.as_deref());
+    assert_eq!(archive, Some(Path::new("/var/lib/offline/agent.oci.tar")));
+    assert_eq!(c.rendered().agent_image_archive.as_deref(), archive);
+}
+
+#[test]
+fn impossible_settings_are_named() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let kc = kubeconfig(dir.path(), 0o600);
+    let k = kc.display();
+    assert_eq!(
+        setting(&format!(
+            "nodeName: Not_A_Name\nkubeconfig: {k}\nkubernetesVersion: v1.34.1\n"
+        )),
+        "nodeName"
+    );
+    assert_eq!(
+        setting(&format!("kubeconfig: {k}\nkubernetesVersion: 1.34\n")),
+        "kubernetesVersion"
+    );
+    assert_eq!(setting("kubernetesVersion: v1.34.1\n"), "kubeconfig");
+    assert_eq!(
+        setting(&format!(
+            "kubeconfig: {k}\nkubernetesVersion: v1.34.1\ninstallMode: container\n"
+        )),
+        "agentImage"
+    );
+    assert_eq!(
+        setting(&format!(
+            "kubeconfig: {k}\nkubernetesVersion: v1.34.1\nnodename: x\n"
+        )),
+        "nodename"
+    );
+    assert_eq!(
+        setting("kubeconfig: relative/path\nkubernetesVersion: v1.34.1\n"),
+        "kubeconfig"
+    );
+    assert_eq!(setting("- not\n- a map\n"), "config");
+    let open = kubeconfig(&dir.path().join("."), 0o644);
+    let e = Config::parse(
+        &format!(
+            "kubeconfig: {}\nkubernetesVersion: v1.34.1\n",
+            open.display()
+        ),
+        "h",
+    )
+    .expect_err("group-readable credential");
+    assert!(e.message.contains("chmod 600"), "{e}");
+    assert!(!e.to_string().contains("SECRETTOKEN"));
+}
+
+#[test]
+fn trust_and_registry_credentials_are_checked_at_load() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let kc = kubeconfig(dir.path(), 0o600);
+    let base = format!("kubeconfig: {}\nkubernetesVersion: v1.34.1\n", kc.display());
+    let file = |name: &str, text: &str, mode: u32| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).expect("write");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        p
+    };
+    let not_pem = file("ca.txt", "not a certificate", 0o644);
+    assert_eq!(
+        setting(&format!("{base}trustedCAFile: {}\n", not_pem.display())),
+        "trustedCAFile"
+    );
+    assert_eq!(
+        setting(&format!("{base}trustedCAFile: relative.pem\n")),
+        "trustedCAFile"
+    );
+    let secret = r#"{"auths": {"r.example": {"auth": "dTpTM0NSRVQ="}}}"#;
+    let open = file("open.json", secret, 0o644);
+    let e = Config::parse(
+        &format!("{base}registryCredentialsFile: {}\n", open.display()),
+        "h",
+    )
+    .expect_err("readable by others");
+    assert_eq!(e.setting, "registryCredentialsFile");
+    assert!(e.message.contains("chmod 600"), "{e}");
+    let shapeless = file("shapeless.json", r#"{"S3CRET": 1}"#, 0o600);
+    let e = Config::parse(
+        &format!("{base}registryCredentialsFile: {}\n", shapeless.display()),
+        "h",
+    )
+    .expect_err("no auths");
+    assert!(
+        e.message.contains("auths") && !e.to_string().contains("S3CRET"),
+        "{e}"
+    );
+    let private = file("auth.json", secret, 0o600);
+    let c = Config::parse(
+        &format!(
+            "{base}registryCredentialsFile: {}\ntrustedCAFile: {}\n",
+            private.display(),
+            kc.display()
+        ),
+        "h",
+    );
+    // A kubeconfig is no certificate either.
+    assert_eq!(c.expect_err("not PEM").setting, "trustedCAFile");
+    let c = Config::parse(
+        &format!("{base}registryCredentialsFile: {}\n", private.display()),
+        "h",
+    )
+    .expect("valid");
+    assert_eq!(
+        c.registry_credentials_file.as_deref(),
+        Some(private.as_path())
+    );
+    let r = c.rendered();
+    assert_eq!(
+        r.registry_credentials_file.as_deref(),
+        Some(Path::new(REGISTRY_CREDENTIALS_PATH))
+    );
+    assert_eq!(r.trusted_ca_file, None);
+}
+
+#[test]
+fn dns_names() {
+    assert!(is_dns_subdomain("node-a.example"));
+    for bad in ["", "-a", "a-", "A", "a_b", "a..b", &"a".repeat(64)] {
+        assert!(!is_dns_subdomain(bad), "{bad:?}");
+    }
+}
+
+/// A kubeconfig with the cluster CA inline, as the kubelet settings need.
+fn kubeconfig_with_ca(dir: &Path) -> PathBuf {
+    let p = dir.join("ca.kubeconfig");
+    std::fs::write(
+        &p,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://10.0.2.100:6443\n    certificate-authority-data: LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg==\nusers:\n- name: u\n  user:\n    token: SECRETTOKEN\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n",
+    )
+    .expect("write");
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    p
+}
+
+#[test]
+fn node_images_come_with_the_kubelet_settings_and_cover_the_goal() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let kc = kubeconfig_with_ca(dir.path());
+    let token = dir.path().join("token");
+    std::fs::write(&token, "abcdef.0123456789abcdef\n").expect("token");
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let hex = "ab".repeat(32);
+    let base = format!(
+        "kubeconfig: {}\nkubernetesVersion: v1.34.12\n",
+        kc.display()
+    );
+    let images = format!(
+        "nodeImages:\n  v1.34.12: oci://r.example:5000/node:v1.34@sha256:{hex}\n  \
+         v1.33.9: oci://r.example:5000/node@sha256:{hex}\n"
+    );
+    let full = format!("{base}{images}bootstrapTokenFile: {}\n", token.display());
+    let c = Config::parse(&full, "h").expect("valid");
+    let node = c.node.clone().expect("node settings");
+    assert_eq!(node.images.len(), 2);
+    assert_eq!(
+        node.images["v1.34.12"].pinned(),
+        format!("r.example:5000/node@sha256:{hex}")
+    );
+    assert_eq!(node.sandbox_image, DEFAULT_SANDBOX_IMAGE);
+    assert_eq!(node.pod_cidr, DEFAULT_POD_CIDR);
+    // Rendered at the installed token path, and read back the same.
+    let r = c.rendered();
+    assert_eq!(
+        r.bootstrap_token_file.as_deref(),
+        Some(Path::new(BOOTSTRAP_TOKEN_PATH))
+    );
+    assert_eq!(
+        r.node_images.as_ref().map(|m| m["v1.34.12"].clone()),
+        Some(format!("oci://r.example:5000/node:v1.34@sha256:{hex}"))
+    );
+
+    let refused = |text: &str| {
+        let e = Config::parse(text, "h").expect_err("refused");
+        assert!(!e.to_string().contains("SECRET"), "{e}");
+        assert!(!e.to_string().contains("0123456789abcdef"), "{e}");
+        e.setting
+    };
+    let with_token = |extra: &str| format!("{full}{extra}");
+    // The goal's version has no image.
+    let other = format!(
+        "{base}nodeImages:\n  v1.33.9: oci://r.example/node@sha256:{hex}\nbootstrapTokenFile: {}\n",
+        token.display()
+    );
+    assert_eq!(refused(&other), "nodeImages");
+    // Not pinned, not a version, not an oci reference.
+    for images in [
+        "nodeImages:\n  v1.34.12: oci://r.example/node:v1\n".to_string(),
+        format!(
+            "nodeImages:\n  v1.34.12: oci://r.example/node@sha256:{hex}\n  latest: oci://r.example/node@sha256:{hex}\n"
+        ),
+        format!("nodeImages:\n  v1.34.12: https://r.example/node@sha256:{hex}\n"),
+    ] {
+        let text = format!("{base}{images}bootstrapTokenFile: {}\n", token.display());
+        assert!(refused(&text).starts_with("nodeImages"), "{images}");
+    }
+    assert_eq!(refused(&format!("{base}{images}")), "bootstrapTokenFile");
+    assert_eq!(
+        refused(&with_token("sandboxImage: \"pause\\\"x\"\n")),
+        "sandboxImage"
+    );
+    assert_eq!(refused(&with_token("podCIDR: 10.88.0.0/40\n")), "podCIDR");
+    // Kubelet settings without node images.
+    for extra in [
+        format!("bootstrapTokenFile: {}\n", token.display()),
+        "sandboxImage: r.example/pause:3.10\n".to_string(),
+        "podCIDR: 10.88.0.0/16\n".to_string(),
+    ] {
+        let text = format!("{base}{extra}");
+        assert!(refused(&text) != "config", "{extra}");
+    }
+    // A token file others can read, or one without a token.
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    assert_eq!(refused(&full), "bootstrapTokenFile");
+    std::fs::write(&token, "SECRET\n").expect("token");
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    assert_eq!(refused(&full), "bootstrapTokenFile");
+    // A kubeconfig without the cluster CA cannot give the kubelet one.
+    std::fs::write(&token, "abcdef.0123456789abcdef\n").expect("token");
+    let no_ca = kubeconfig(dir.path(), 0o600);
+    let text = full.replace(&kc.display().to_string(), &no_ca.display().to_string());
+    assert_eq!(refused(&text), "kubeconfig");
+}
