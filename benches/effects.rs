@@ -140,7 +140,7 @@ async fn agent_image_pull_and_check() {
     let (mut pulls, mut checks) = (Vec::new(), Vec::new());
     for _ in 0..5 {
         let t = Instant::now();
-        agent.pull(&reference, &index).await.expect("pull");
+        agent.pull_content(&reference, &index).await.expect("pull");
         pulls.push(ms(t));
         let t = Instant::now();
         agent.check_image(&index).await.expect("check");
@@ -189,7 +189,7 @@ async fn node_image_pull_and_unpack() {
     for _ in 0..3 {
         let tree = tempfile::tempdir().expect("tmp");
         let t = Instant::now();
-        agent.pull(&reference, &index).await.expect("pull");
+        agent.pull_content(&reference, &index).await.expect("pull");
         pulls.push(ms(t));
         let t = Instant::now();
         agent
@@ -254,11 +254,25 @@ async fn systemd_restarts() {
     );
 }
 
+/// `cargo bench --bench effects -- WORD…` runs the benchmarks whose names hold a WORD.
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    pull_10mb(Flavor::V1_6).await;
-    pull_10mb(Flavor::V2).await;
-    agent_image_pull_and_check().await;
-    node_image_pull_and_unpack().await;
-    systemd_restarts().await;
+    let words: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let wanted = |name: &str| words.is_empty() || words.iter().any(|w| name.contains(w.as_str()));
+    if wanted("pull_10mb") {
+        pull_10mb(Flavor::V1_6).await;
+        pull_10mb(Flavor::V2).await;
+    }
+    if wanted("agent_image_pull_and_check") {
+        agent_image_pull_and_check().await;
+    }
+    if wanted("node_image_pull_and_unpack") {
+        node_image_pull_and_unpack().await;
+    }
+    if wanted("systemd_restarts") {
+        systemd_restarts().await;
+    }
 }

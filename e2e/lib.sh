@@ -61,15 +61,25 @@ flexnode_bin() { # prints the path of the (host) flexnode binary, building it if
   echo "$target/debug/flexnode"
 }
 
+# guest_bin: the agent the guest runs, built with the `lab` profile (optimized: Cargo.toml says
+# why) from the same sources as flexnode_bin, so it reports the same version.
+guest_bin() {
+  local target="${CARGO_TARGET_DIR:-$CACHE/target}"
+  log "cargo build --profile lab --bin flexnode (target dir $target)"
+  (cd "$REPO" && CARGO_TARGET_DIR="$target" cargo build --locked --profile lab --bin flexnode >&2) \
+    || die "cargo build --profile lab failed"
+  echo "$target/lab/flexnode"
+}
+
 # next_bin VERSION: the same sources built to report VERSION (FLEXNODE_VERSION, src/lib.rs),
-# in a target dir of its own (so neither build invalidates the other): the build an upgrade
-# goes to, which `version` tells apart from the installed one.
+# in a target dir of its own (so neither build invalidates the other), with the guest's
+# profile: the build an upgrade goes to, which `version` tells apart from the installed one.
 next_bin() {
   local target="$CACHE/target-lab-next"
-  log "cargo build --bin flexnode as version $1 (target dir $target)"
-  (cd "$REPO" && CARGO_TARGET_DIR="$target" FLEXNODE_VERSION="$1" cargo build --locked --bin flexnode >&2) \
+  log "cargo build --profile lab --bin flexnode as version $1 (target dir $target)"
+  (cd "$REPO" && CARGO_TARGET_DIR="$target" FLEXNODE_VERSION="$1" cargo build --locked --profile lab --bin flexnode >&2) \
     || die "cargo build of the next build failed"
-  echo "$target/debug/flexnode"
+  echo "$target/lab/flexnode"
 }
 
 # node_images REGISTRY CA CREDENTIALS: the node's images built offline (e2e/node-image/build)
@@ -109,4 +119,58 @@ kubelet_route() {
   local port; port=$("$QEMU" hostfwd "$1" 10250) || die "no forward to the guest's kubelet port"
   "$CP" route "$2:10250" "$port" --dir "$(state_get CP_DIR)" || die "no egress route to $2:10250"
   state_set KUBELET_PORT "$port"
+}
+
+# ------------------------------------------------------------------- the lab's registry
+REG_USER=flexnode-lab
+GUEST_REG=10.0.2.100:5000   # the registry as the guest sees it (IP SAN of the lab's cert)
+
+# creds FILE REGISTRY PASSWORD: a Docker config.json-shaped credentials file, 0600.
+creds() {
+  (umask 077; python3 -c 'import base64, json, sys
+print(json.dumps({"auths": {sys.argv[1]: {"auth": base64.b64encode((sys.argv[2] + ":" + sys.stdin.read().strip()).encode()).decode()}}}))' \
+    "$2" "$REG_USER" < "$3" > "$1")
+}
+
+# registry_start: docker-registry on DIR/registry.yml (its port is REG_PORT), until it answers.
+registry_start() {
+  local port; port=$(state_get REG_PORT)
+  setsid docker-registry serve "$DIR/registry.yml" >> "$DIR/logs/registry.log" 2>&1 < /dev/null &
+  echo $! > "$DIR/pids/registry.pid"
+  for _ in $(seq 100); do
+    python3 -c 'import socket, sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 1)' "$port" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  tail -5 "$DIR/logs/registry.log" >&2; die "the registry did not start on 127.0.0.1:$port"
+}
+
+# registry_up: the lab PKI in DIR/pki (the server certificate also for IP 10.0.2.100) and
+# docker-registry over TLS with htpasswd on a loopback port (REG_PORT, storage DIR/registry),
+# with credentials for the host (DIR/host-credentials.json) and the guest
+# (DIR/guest-credentials.json, for GUEST_REG).
+registry_up() {
+  mkdir -p "$DIR/registry"
+  PKI_EXTRA_SAN=IP:10.0.2.100 "$REPO/e2e/pki" make "$DIR/pki" > /dev/null
+  (umask 077; head -c 18 /dev/urandom | base64 | tr -d '/+=' > "$DIR/registry.password")
+  python3 -W ignore -c 'import crypt, sys
+print("%s:%s" % (sys.argv[1], crypt.crypt(sys.stdin.read().strip(), crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16))))' \
+    "$REG_USER" < "$DIR/registry.password" > "$DIR/htpasswd"
+  local port; port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  cat > "$DIR/registry.yml" <<EOF
+version: 0.1
+log: {level: info}
+storage:
+  filesystem: {rootdirectory: $DIR/registry}
+  delete: {enabled: true}
+auth:
+  htpasswd: {realm: flexnode-lab, path: $DIR/htpasswd}
+http:
+  addr: "127.0.0.1:$port"
+  tls: {certificate: $DIR/pki/server.pem, key: $DIR/pki/server.key}
+EOF
+  state_set REG_PORT "$port"
+  state_set GUEST_REG "$GUEST_REG"
+  registry_start
+  creds "$DIR/host-credentials.json" "127.0.0.1:$port" "$DIR/registry.password"
+  creds "$DIR/guest-credentials.json" "$GUEST_REG" "$DIR/registry.password"
 }

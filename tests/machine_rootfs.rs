@@ -104,12 +104,14 @@ fn sha(bytes: &[u8]) -> String {
 }
 
 /// An OCI layout at `dir` of one amd64 image of `layers` (gzip) pushed to the tier's registry
-/// as `repo` and pulled by its index digest; the agent's client and that digest.
+/// as `repo` and pulled by its index digest (into the content store only, as node images are,
+/// when `content_only`); the agent's client and that digest.
 async fn pushed_and_pulled(
     tier: &Tier,
     dir: &Path,
     repo: &str,
     layers: &[Vec<u8>],
+    content_only: bool,
 ) -> (GrpcContainerd, Sha256Hex) {
     let blobs = dir.join("blobs/sha256");
     std::fs::create_dir_all(&blobs).expect("blobs");
@@ -151,10 +153,13 @@ async fn pushed_and_pulled(
         .await
         .expect("connect")
         .with_snapshotter(&snapshotter());
-    agent
-        .pull(&tier.reference(repo, &digest), &digest)
-        .await
-        .expect("pull");
+    let reference = tier.reference(repo, &digest);
+    if content_only {
+        agent.pull_content(&reference, &digest).await
+    } else {
+        agent.pull(&reference, &digest).await
+    }
+    .expect("pull");
     (agent, digest)
 }
 
@@ -185,6 +190,7 @@ async fn layers_apply_in_order_with_whiteouts_and_metadata(flavor: Flavor) {
         &work.path().join("layout"),
         "e2e/rootfs",
         &[lower, upper],
+        false,
     )
     .await;
     let tree = work.path().join("tree");
@@ -252,6 +258,7 @@ async fn a_layer_reaching_outside_through_a_symlink_is_refused(flavor: Flavor) {
         &work.path().join("layout"),
         "e2e/escape",
         &[lower, upper],
+        false,
     )
     .await;
     let tree = work.path().join("tree");
@@ -288,8 +295,14 @@ async fn a_side_is_provisioned_from_a_node_image_with_its_kubelet_files(flavor: 
         E::Dir("usr/local/bin", 0o755),
         E::File("usr/local/bin/kubelet", b"#!kubelet\n", 0o755, 0),
     ]);
-    let (agent, digest) =
-        pushed_and_pulled(&tier, &work.path().join("layout"), "e2e/node", &[image]).await;
+    let (agent, digest) = pushed_and_pulled(
+        &tier,
+        &work.path().join("layout"),
+        "e2e/node",
+        &[image],
+        true,
+    )
+    .await;
     let root = work.path().join("host");
     std::fs::create_dir(&root).expect("root");
     let token = work.path().join("token");

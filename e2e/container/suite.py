@@ -19,7 +19,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "host"))
 
-from lab import (MSG_UPGRADE_DONE, Fail, Lab, SuiteBase, detail, need, op_view,  # noqa: E402
+from lab import (MSG_REBOOT_DONE, MSG_UPGRADE_DONE, Fail, Lab, SuiteBase, detail, need, op_view,  # noqa: E402
                  run_suite, show_guest, wait_until)
 
 AGENT_IMAGE_NAME = "flexnode.invalid/agent"   # src/effects/host/layout.rs
@@ -304,7 +304,22 @@ find /opt /usr/local -mindepth 1 \( -type f -o -name '*flexnode*' \) | sed 's/^/
         need(f.get("selected") == f0.get("selected"), "the agent's image is not selected again")
 
     def c_upgrade(self):
+        """An AgentUpgrade to the next image; the pod on the node keeps running."""
+        pod = self.pod_container()
         self.upgrade_ok("c-upgrade", "next")
+        self.pods_untouched(pod, "the agent's upgrade")
+
+    def c_node_reboot(self):
+        """NodeReboot restarts machine kube1: Complete `NodeReboot completed` once the
+        Node is Ready again, with a new bootID, the kubelet's Rebooted Event and the pod back."""
+        self.wait_agent(60)
+        boot_id = self.node_boot_id()
+        since = int(time.time()) - 1
+        t = time.time()
+        self.create("reboot", "c-reboot")
+        self.expect("c-reboot", "Complete", "Succeeded", 600, MSG_REBOOT_DONE)
+        new = self.kubelet_rebooted(boot_id, since)
+        detail("Node bootID %s -> %s; Complete after %.0f s" % (boot_id, new, time.time() - t))
 
     def c_rollback(self):
         """A broken image passes the check, crash-loops as the daemon; the recovery unit runs
@@ -512,6 +527,7 @@ CHECKS = [
     ("node-runs-a-pod", Suite.c_pod_runs),
     ("no-agent-files-on-host", Suite.c_no_agent_files),
     ("stop-ends-container-ignoring-sigterm", Suite.c_stop_semantics),
+    ("node-reboot", Suite.c_node_reboot),
     ("upgrade", Suite.c_upgrade),
     ("rollback-broken-image", Suite.c_rollback),
     ("invalid-params-no-digest", Suite.c_invalid_no_digest),

@@ -518,6 +518,50 @@ class SuiteBase:
             return n
         return wait_until("Node %s Ready" % self.lab.node, ready, timeout, 3)
 
+    def node_boot_id(self):
+        return (((self.node() or {}).get("status") or {}).get("nodeInfo") or {}).get("bootID")
+
+    def kubelet_rebooted(self, boot_id, since):
+        """After a machine restart at unix time `since`: the Node reports a new boot ID, the
+        kubelet recorded its `Rebooted` Event, the Node is Ready in a heartbeat since, and the
+        suite's pod runs again."""
+        n = self.node_ready(300, since)
+        new = ((n.get("status") or {}).get("nodeInfo") or {}).get("bootID")
+        need(new and new != boot_id, "the Node's bootID %r did not change" % new)
+        def event():
+            rc, out, _ = self.lab.kubectl("get", "events", "-A", "-o", "json", "--field-selector",
+                                          "involvedObject.kind=Node,involvedObject.name=%s,reason=Rebooted" % self.lab.node)
+            items = json.loads(out).get("items", []) if rc == 0 else []
+            return [e for e in items if (parse_time(e.get("lastTimestamp") or e.get("eventTime")) or 0) >= since - 1] or None
+        wait_until("the kubelet's Rebooted Event", event, 120, 3)
+        self.pod_running_since(since)
+        return new
+
+    def pod_running_since(self, since, timeout=300):
+        """The suite's pod runs in a container started at or after unix time `since`."""
+        def back():
+            rc, out, _ = self.lab.kubectl("get", "pod", POD, "-o", "json")
+            p = json.loads(out) if rc == 0 else {}
+            cs = ((p.get("status") or {}).get("containerStatuses") or [{}])[0]
+            started = ((cs.get("state") or {}).get("running") or {}).get("startedAt")
+            return p if started and parse_time(started) >= since - 1 else None
+        return wait_until("pod %s running again" % POD, back, timeout, 3)
+
+    def pod_container(self):
+        """(container ID, startedAt, restartCount) of the suite's pod, or None."""
+        rc, out, _ = self.lab.kubectl("get", "pod", POD, "-o", "json")
+        if rc != 0:
+            return None
+        cs = ((json.loads(out).get("status") or {}).get("containerStatuses") or [{}])[0]
+        return (cs.get("containerID"), ((cs.get("state") or {}).get("running") or {}).get("startedAt"),
+                cs.get("restartCount"))
+
+    def pods_untouched(self, before, what):
+        """The suite's pod still runs its container `before` (the kubelet was not restarted)."""
+        after = self.pod_container()
+        need(before and before[1] and after == before,
+             "the pod's container changed across %s: %s -> %s" % (what, before, after))
+
     def c_pod_runs(self):
         """The join made a real node: the kubelet in machine kube1 (unpacked from the node
         image the config names by digest) registered the Node itself (no lab creates it), at
@@ -541,7 +585,10 @@ class SuiteBase:
             "metadata": {"name": POD, "namespace": "default"},
             "spec": {"automountServiceAccountToken": False, "terminationGracePeriodSeconds": 2,
                      "containers": [{"name": "hello", "image": image,
-                                     "args": ["sh", "-c", "echo hello from $(hostname); exec sleep 1000000"]}]}})
+                                     # PID 1 of its container: TERM is handled, so a
+                                     # machine stops without waiting out its timeout
+                                     "args": ["sh", "-c", "echo hello from $(hostname); "
+                                              "trap 'exit 0' TERM; while :; do sleep 1; done"]}]}})
         t = time.time()
         rc, out, err = lab.kubectl("apply", "-f", "-", inp=manifest)
         need(rc == 0, "kubectl apply pod: %s" % err.strip())

@@ -172,8 +172,11 @@ class Suite(SuiteBase):
         b = lab.facts()
         need(b.get("kube1.ActiveState") == "active", "kube1 is %s before the reboot" % b.get("kube1.ActiveState"))
         need(b.get("machine.kube1"), "machined does not know kube1 before the reboot")
+        boot_id = self.node_boot_id()
+        since = int(time.time()) - 1
         self.create("reboot", "e2e-reboot")
         self.expect("e2e-reboot", "Complete", "Succeeded", 600, MSG_REBOOT_DONE)
+        new_boot = self.kubelet_rebooted(boot_id, since)
         a = wait_until("kube1 active again", lambda: (lambda f: f if f.get("kube1.ActiveState") == "active" else None)(lab.facts()), 180, 3)
         restarted = (a.get("kube1.MainPID") != b.get("kube1.MainPID")
                      or int(a.get("kube1.ActiveEnterTimestampMonotonic") or 0) > int(b.get("kube1.ActiveEnterTimestampMonotonic") or 0))
@@ -181,13 +184,17 @@ class Suite(SuiteBase):
         need(a.get("machine.kube1") and a.get("machine.kube1") != b.get("machine.kube1"),
              "machinectl kube1 Timestamp %r -> %r: not a new machine" % (b.get("machine.kube1"), a.get("machine.kube1")))
         need(a.get("boot_id") == b.get("boot_id"), "the guest itself rebooted (boot_id changed)")
-        detail("kube1 pid %s -> %s, machine started %s -> %s" % (b.get("kube1.MainPID"), a.get("kube1.MainPID"),
-                                                               b.get("machine.kube1"), a.get("machine.kube1")))
+        detail("kube1 pid %s -> %s, machine started %s -> %s, Node bootID %s -> %s, Rebooted Event, Ready, pod back"
+               % (b.get("kube1.MainPID"), a.get("kube1.MainPID"), b.get("machine.kube1"), a.get("machine.kube1"),
+                  boot_id, new_boot))
         self.one_result("e2e-reboot")
 
     def c_upgrade(self):
+        """An AgentUpgrade hands off to the new build; the pod on the node keeps running."""
         self.need_joined()
+        pod = self.pod_container()
         self.upgrade_ok("e2e-upgrade", "next")
+        self.pods_untouched(pod, "the agent's upgrade")
 
     def c_rollback(self):
         self.need_joined()
@@ -406,6 +413,10 @@ class Suite(SuiteBase):
         need(seqs0 <= seqs, "journal entries lost across the reboot")
         wait_until("kube1 active after the reboot",
                    lambda: lab.facts().get("kube1.ActiveState") == "active", 300, 3)
+        # the node comes back with its pod
+        self.node_ready(600, int(t))
+        self.pod_running_since(int(t))
+        detail("Node Ready and the pod running again %.0f s after the reboot began" % (time.time() - t))
 
     def _nothing_left(self):
         out = self.lab.sh(r"""
@@ -417,6 +428,8 @@ for m in kube1 kube2; do
   if [ "$(systemctl is-active systemd-nspawn@$m || true)" = active ]; then echo "machine $m still running"; fi
   if [ -e /var/lib/machines/$m ] || [ -L /var/lib/machines/$m ]; then echo "machine tree /var/lib/machines/$m left"; fi
   if [ -e /etc/systemd/nspawn/$m.nspawn ]; then echo "left: /etc/systemd/nspawn/$m.nspawn"; fi
+  d=/etc/systemd/system/systemd-nspawn@$m.service.d/flexnode.conf
+  if [ -e $d ]; then echo "left: $d"; fi
 done
 # the runtime files: the config and the node's credential (the installed builds stay, for a re-join)
 if [ -e /etc/flexnode ]; then echo "left: /etc/flexnode ($(ls -A /etc/flexnode | tr '\n' ' '))"; fi
@@ -510,6 +523,7 @@ if [ -e /etc/modules-load.d/flexnode.conf ]; then echo "left: /etc/modules-load.
 
 CHECKS = [
     ("join", Suite.c_join),
+    ("node-runs-a-pod", Suite.c_pod_runs),
     ("status-daemon-stopped", Suite.c_status_daemon_stopped),
     ("node-reboot", Suite.c_node_reboot),
     ("upgrade", Suite.c_upgrade),

@@ -91,7 +91,7 @@ async fn join(state: &Path, path: &Path) -> Result<(), Failure> {
     let config = Config::load(path, &wiring::hostname()).map_err(impossible)?;
     let agent = agent_to_install(config.install_mode)?;
     wiring::require_root("join")?;
-    preflight(config.install_mode)?;
+    preflight(&config)?;
     let client = client_from_kubeconfig(&config.kubeconfig)
         .await
         .map_err(|e| impossible(setting("kubeconfig", format!("cannot use it: {e}"))))?;
@@ -192,7 +192,8 @@ fn agent_to_install(mode: InstallMode) -> Result<AgentBuild, Failure> {
 }
 
 /// Host prerequisites a join cannot do without (before anything is changed).
-fn preflight(mode: InstallMode) -> anyhow::Result<()> {
+fn preflight(config: &Config) -> anyhow::Result<()> {
+    let mode = config.install_mode;
     let mut needs = vec![
         (
             "/usr/bin/systemd-nspawn",
@@ -204,6 +205,11 @@ fn preflight(mode: InstallMode) -> anyhow::Result<()> {
         needs.push((
             wiring::CONTAINERD_SOCKET,
             "containerd runs the agent's containers",
+        ));
+    } else if config.node.is_some() {
+        needs.push((
+            wiring::CONTAINERD_SOCKET,
+            "containerd pulls the node images (nodeImages)",
         ));
     }
     for (path, why) in needs {

@@ -193,6 +193,13 @@ pub trait Containerd: Send + Sync {
     /// which the container units run (`effects::host::AGENT_IMAGE_NAME`); the name is removed
     /// with the image only if the agent pulled it.
     fn name_agent_image(&self, digest: &Sha256Hex) -> impl Future<Output = EffectResult> + Send;
+    /// [`Self::pull`] into the content store only, without snapshots: a node image, which is
+    /// only ever unpacked into a machine's tree.
+    fn pull_content(
+        &self,
+        reference: &str,
+        digest: &Sha256Hex,
+    ) -> impl Future<Output = EffectResult> + Send;
     /// Unpacks pulled image `digest` into `dir`, a machine's tree (`clear_machine_tree`).
     fn unpack_image_into(
         &self,

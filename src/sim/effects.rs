@@ -311,6 +311,10 @@ impl Containerd for SimHost {
         }
     }
 
+    async fn pull_content(&self, reference: &str, digest: &Sha256Hex) -> EffectResult {
+        Containerd::pull(self, reference, digest).await
+    }
+
     async fn unpack_image_into(&self, digest: &Sha256Hex, dir: &Path) -> EffectResult {
         self.run("unpack_image_into", digest.short(), |w| {
             if !w.images.contains_key(digest.as_str()) {

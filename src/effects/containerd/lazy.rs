@@ -53,6 +53,10 @@ impl Containerd for LazyContainerd {
         self.client().await?.name_agent_image(digest).await
     }
 
+    async fn pull_content(&self, reference: &str, digest: &Sha256Hex) -> EffectResult {
+        self.client().await?.pull_content(reference, digest).await
+    }
+
     async fn unpack_image_into(&self, digest: &Sha256Hex, dir: &Path) -> EffectResult {
         self.client().await?.unpack_image_into(digest, dir).await
     }

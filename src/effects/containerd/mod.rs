@@ -56,7 +56,6 @@ use progress::{ProgressSink, log_progress};
 use sha2::{Digest as _, Sha256};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 /// The label that marks an image record as pulled by the agent (the only ones it removes).
@@ -155,7 +154,7 @@ impl GrpcContainerd {
             os: "linux".into(),
             architecture: architecture.into(),
             io_timeout: Duration::from_secs(60),
-            progress: ProgressSink(Arc::new(log_progress)),
+            progress: ProgressSink(log_progress()),
             registry: RegistryConfig::default(),
             check_dir: PathBuf::from(DEFAULT_CHECK_DIR),
             check_timeout: DEFAULT_CHECK_TIMEOUT,
@@ -293,6 +292,12 @@ impl Containerd for GrpcContainerd {
     /// records the agent did not pull: refused.
     async fn check_image(&self, digest: &Sha256Hex) -> EffectResult<String> {
         GrpcContainerd::check_image(self, digest).await
+    }
+
+    async fn pull_content(&self, reference: &str, digest: &Sha256Hex) -> EffectResult {
+        let pulled = self.pull_image_content(reference, digest).await?;
+        tracing::info!(image = %pulled.name, manifest = %pulled.manifest_digest, "image pulled");
+        Ok(())
     }
 
     async fn unpack_image_into(&self, digest: &Sha256Hex, dir: &Path) -> EffectResult {

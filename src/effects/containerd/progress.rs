@@ -30,16 +30,29 @@ pub type ProgressFn = Arc<dyn Fn(PullProgress) + Send + Sync>;
 /// Bytes of a layer between two progress reports.
 pub const PROGRESS_EVERY: u64 = 1 << 20;
 
-/// The default progress callback: a `tracing::info!` event per report.
-pub(super) fn log_progress(p: PullProgress) {
-    tracing::info!(
-        layer = %p.layer_digest,
-        bytes_done = p.bytes_done,
-        bytes_total = p.bytes_total,
-        layers_done = p.layers_done,
-        layers_total = p.layers_total,
-        "pull progress"
-    );
+/// The default progress callback: a `tracing::info!` event each time a pull passes another
+/// tenth of its bytes or finishes a layer (a node image's 120 MiB would be 120 lines a MiB).
+pub(super) fn log_progress() -> ProgressFn {
+    // (bytes_total, tenths, layers_done) last logged: a new pull starts below them.
+    let last = std::sync::Mutex::new((0u64, 0u64, 0usize));
+    Arc::new(move |p: PullProgress| {
+        let tenths = (p.bytes_done * 10).checked_div(p.bytes_total).unwrap_or(10);
+        let Ok(mut last) = last.lock() else { return };
+        let (total, t, layers) = *last;
+        let new_pull = total != p.bytes_total || tenths < t || p.layers_done < layers;
+        if !new_pull && tenths == t && p.layers_done == layers {
+            return;
+        }
+        *last = (p.bytes_total, tenths, p.layers_done);
+        tracing::info!(
+            layer = %p.layer_digest,
+            bytes_done = p.bytes_done,
+            bytes_total = p.bytes_total,
+            layers_done = p.layers_done,
+            layers_total = p.layers_total,
+            "pull progress"
+        );
+    })
 }
 
 #[derive(Clone)]

@@ -17,6 +17,13 @@ use containerd_client::tonic::Code;
 use containerd_client::types::Descriptor;
 use std::collections::HashMap;
 
+/// Whether a pull unpacks the layers into snapshots (what a container runs on).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Snapshots {
+    Unpack,
+    Skip,
+}
+
 pub(super) struct SmallBlob {
     bytes: Vec<u8>,
     content_type: Option<String>,
@@ -30,13 +37,33 @@ impl GrpcContainerd {
         reference: &str,
         digest: &Sha256Hex,
     ) -> EffectResult<PulledImage> {
+        self.pull_with(reference, digest, Snapshots::Unpack).await
+    }
+
+    /// [`Self::pull_image`] without the snapshots: the content and the record only, what a
+    /// machine's tree is unpacked from (`unpack_image_into`). A node image's snapshot would be
+    /// a second copy of its tree (and took 111 s of a TCG guest's join).
+    pub async fn pull_image_content(
+        &self,
+        reference: &str,
+        digest: &Sha256Hex,
+    ) -> EffectResult<PulledImage> {
+        self.pull_with(reference, digest, Snapshots::Skip).await
+    }
+
+    async fn pull_with(
+        &self,
+        reference: &str,
+        digest: &Sha256Hex,
+        snapshots: Snapshots,
+    ) -> EffectResult<PulledImage> {
         let reg = Registry::new(
             RegistryRef::parse(reference, digest)?,
             &self.registry,
             self.io_timeout,
         );
         let lease = self.create_lease("pull").await?;
-        let result = self.pull_under_lease(&reg, digest, &lease).await;
+        let result = self.pull_under_lease(&reg, digest, &lease, snapshots).await;
         let released = self.delete_lease(&lease).await;
         let pulled = result?;
         released?;
@@ -48,6 +75,7 @@ impl GrpcContainerd {
         reg: &Registry,
         digest: &Sha256Hex,
         lease: &str,
+        snapshots: Snapshots,
     ) -> EffectResult<PulledImage> {
         // 1. Resolve: the pinned object, the platform manifest, the config.
         let top_digest = digest.oci();
@@ -152,8 +180,10 @@ impl GrpcContainerd {
         }
 
         // 3. Unpack.
-        self.unpack(&manifest.layers, &diff_ids, &chain_ids, lease)
-            .await?;
+        if snapshots == Snapshots::Unpack {
+            self.unpack(&manifest.layers, &diff_ids, &chain_ids, lease)
+                .await?;
+        }
 
         // 4. The image record, last.
         let name = reg.rr.pinned();

@@ -32,6 +32,8 @@ pub struct KubeletSettings<'a> {
     pub sandbox_image: &'a str,
     /// The bridge network's pod range, e.g. `10.88.0.0/16`.
     pub pod_cidr: &'a str,
+    /// The node's address (`--node-ip`); `None`: the kubelet finds one (or reports none).
+    pub node_ip: Option<std::net::IpAddr>,
     /// Registries the machine's containerd pulls from (the sandbox image's among them), with
     /// the credentials the agent's registry file has for them.
     pub registries: Vec<RegistryAccess>,
@@ -176,8 +178,12 @@ pub fn machine_files(s: &KubeletSettings) -> Result<Vec<MachineFile>, KubeletSet
         "--kubeconfig=/var/lib/kubelet/kubeconfig",
     ];
     // The node name is a DNS-1123 subdomain (config validation): no quoting needed.
+    let node_ip = s
+        .node_ip
+        .map(|ip| format!(" --node-ip={ip}"))
+        .unwrap_or_default();
     let env = format!(
-        "# flexnode: the kubelet's arguments.\nKUBELET_ARGS={} --hostname-override={}\n",
+        "# flexnode: the kubelet's arguments.\nKUBELET_ARGS={} --hostname-override={}{node_ip}\n",
         args.join(" "),
         s.node_name
     );
@@ -314,10 +320,38 @@ pub fn files_from(inputs: &KubeletInputs) -> EffectResult<Vec<MachineFile>> {
         credential: KubeletCredential::BootstrapToken(token.trim()),
         sandbox_image: &inputs.sandbox_image,
         pod_cidr: &inputs.pod_cidr,
+        node_ip: address_towards(&inputs.server),
         registries,
         registry_ca_pem: registry_ca.as_deref(),
     };
     machine_files(&settings).map_err(|e| EffectError::Failed(format!("kubelet settings: {e}")))
+}
+
+/// This host's address on the way to the API server at `server` (`https://host:port`): the
+/// source address the kernel picks for it (a UDP socket's connect sends nothing). Without it
+/// a kubelet in a machine whose host name does not resolve reported no address at all, and
+/// the API server could not reach it for logs and exec.
+fn address_towards(server: &str) -> Option<std::net::IpAddr> {
+    use std::net::ToSocketAddrs;
+    let authority = server.strip_prefix("https://")?.split('/').next()?;
+    let with_port = if authority
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+    {
+        authority.to_string()
+    } else {
+        format!("{authority}:443")
+    };
+    let target = with_port.to_socket_addrs().ok()?.next()?;
+    let bind = if target.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    };
+    let socket = std::net::UdpSocket::bind(bind).ok()?;
+    socket.connect(target).ok()?;
+    let ip = socket.local_addr().ok()?.ip();
+    (!ip.is_unspecified() && !ip.is_loopback()).then_some(ip)
 }
 
 /// The registry of a reference that names one (`host[:port]/…` with a dot, a colon or
@@ -339,6 +373,7 @@ mod tests {
             credential: KubeletCredential::BootstrapToken(token),
             sandbox_image: "10.0.2.100:5000/lab/pause@sha256:00",
             pod_cidr: "10.88.0.0/16",
+            node_ip: Some(std::net::IpAddr::from([10, 0, 2, 15])),
             registries: vec![RegistryAccess {
                 host: "10.0.2.100:5000".into(),
                 auth: Some("dXNlcjpwdw==".into()),
@@ -369,6 +404,14 @@ mod tests {
         assert_eq!(
             files.last().map(|f| f.path.as_path()),
             Some(std::path::Path::new(KUBELET_ENV))
+        );
+        let env = files
+            .last()
+            .map(|f| String::from_utf8_lossy(&f.contents).into_owned());
+        assert!(
+            env.as_deref()
+                .is_some_and(|e| e.contains(" --hostname-override=edge-07 --node-ip=10.0.2.15\n")),
+            "{env:?}"
         );
     }
 
