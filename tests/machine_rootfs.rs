@@ -280,7 +280,8 @@ async fn a_layer_reaching_outside_through_a_symlink_is_refused(flavor: Flavor) {
 /// The host's half of `ProvisionMachine` from a node image around the real unpack: the side's
 /// tree cleared, the image unpacked into it, the kubelet's files and the nspawn settings
 /// written, the marker last. The image's own absolute link (`etc/kubernetes ->
-/// /etc/kubernetes-image`) is followed inside the tree, never onto this host.
+/// /etc/kubernetes-image`) is followed inside the tree, never onto this host. The other side
+/// then gets the first side's kubelet identity (a repave without the bootstrap token).
 async fn a_side_is_provisioned_from_a_node_image_with_its_kubelet_files(flavor: Flavor) {
     use flexnode::effects::host::{FsHost, HostLayout, KubeletInputs, NSPAWN_KUBELET_SETTINGS};
     use flexnode::effects::{Host, MachineTree};
@@ -362,6 +363,44 @@ async fn a_side_is_provisioned_from_a_node_image_with_its_kubelet_files(flavor: 
         std::fs::read_to_string(root.join("etc/systemd/nspawn/kube1.nspawn")).expect("nspawn"),
         NSPAWN_KUBELET_SETTINGS
     );
+    // The kubelet on kube1 bootstrapped: its rotated certificate (a link with an absolute
+    // target, as the kubelet makes it) and kubeconfig go to kube2 when kube2 is provisioned.
+    let pki = tree.join("var/lib/kubelet/pki");
+    std::fs::create_dir_all(&pki).expect("pki");
+    std::fs::write(pki.join("kubelet-client-2026-12-02.pem"), "CERT AND KEY\n").expect("cert");
+    std::os::unix::fs::symlink(
+        "/var/lib/kubelet/pki/kubelet-client-2026-12-02.pem",
+        pki.join("kubelet-client-current.pem"),
+    )
+    .expect("link");
+    std::fs::write(tree.join("var/lib/kubelet/kubeconfig"), "KUBECONFIG\n").expect("kubeconfig");
+    let kube2 = host
+        .clear_machine_tree(Side::Kube2)
+        .await
+        .expect("clear kube2");
+    Containerd::unpack_image_into(&agent, &digest, &kube2)
+        .await
+        .expect("unpack kube2");
+    host.complete_machine(Side::Kube2, "v1.34.12", &digest)
+        .await
+        .expect("complete kube2");
+    for (rel, want) in [
+        (
+            "var/lib/kubelet/pki/kubelet-client-current.pem",
+            "CERT AND KEY\n",
+        ),
+        ("var/lib/kubelet/kubeconfig", "KUBECONFIG\n"),
+    ] {
+        let p = kube2.join(rel);
+        assert_eq!(std::fs::read_to_string(&p).expect(rel), want);
+        let meta = std::fs::symlink_metadata(&p).expect(rel);
+        assert!(meta.is_file(), "{rel} is a copy, not a link");
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600, "{rel}");
+    }
+    host.remove_machine(Side::Kube2)
+        .await
+        .expect("remove kube2");
+
     // Removal takes the tree and its settings.
     host.remove_machine(Side::Kube1).await.expect("remove");
     assert!(!tree.exists());

@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from lab import (MSG_REBOOT_DONE, MSG_UPGRADE_DONE, Fail, Lab, SuiteBase, detail, need, op_view,  # noqa: E402
                  run_suite, show_guest, wait_until)
+from node_checks import NodeChecks  # noqa: E402
 
 AGENT_IMAGE_NAME = "flexnode.invalid/agent"   # src/effects/host/layout.rs
 CTR = "ctr --namespace flexnode"
@@ -107,7 +108,7 @@ systemctl reset-failed flexnode-bootstrap 2>/dev/null || true
 systemctl start --no-block flexnode-bootstrap""", 300)
 
 
-class Suite(SuiteBase):
+class Suite(SuiteBase, NodeChecks):
     def wait_agent(self, timeout=600, pid_not=None):
         def up():
             f = self.lab.facts()
@@ -542,8 +543,12 @@ CHECKS = [
     ("agent-reset-then-rejoin-explicit-image", Suite.c_agent_reset),
     ("reset-unit-then-rejoin-registry-unreachable", Suite.c_reset_unit),
     ("offline-rejoin-from-oci-archive", Suite.c_offline_join),
+    ("deletion-signal-halves-change-nothing", Suite.c_deletion_signal_halves),
     ("deletion-signal-then-rejoin", Suite.c_deletion_signal),
     ("bootstrap-impossible-setting-78", Suite.c_bootstrap_78),
+    ("repave-broken-new-side-rolls-back", Suite.c_repave_rolls_back),
+    ("repave-kube1-to-kube2", Suite.c_repave),
+    ("repave-back-without-the-bootstrap-token", Suite.c_repave_back_without_the_token),
     ("one-terminal-result-per-operation", Suite.c_one_result_each),
 ]
 

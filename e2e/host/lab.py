@@ -466,10 +466,6 @@ class OpWatch(threading.Thread):
 
 # -------------------------------------------------------------------- what suites share
 
-# The pod the suites run on the node (c_pod_runs).
-POD = "flexnode-hello"
-
-
 class SuiteBase:
     """A suite's state and its checks' common steps: the operations it created (each must
     finish), the watch of every operation, waiting for phases and terminal results."""
@@ -498,113 +494,6 @@ class SuiteBase:
              "kernel modules: %r" % out)
         need("kernel modules loaded by the host's modprobe" in log,
              "the join did not log loading the modules by the host's modprobe")
-
-    def node(self):
-        """The Node object as the API server has it, or None."""
-        rc, out, _ = self.lab.kubectl("get", "node", self.lab.node, "-o", "json")
-        return json.loads(out) if rc == 0 else None
-
-    def node_ready(self, timeout, since=None):
-        """The Node once its kubelet reports it Ready (with `since`, in a heartbeat at or after
-        that unix time: a Ready from before a restart does not count)."""
-        def ready():
-            n = self.node()
-            conds = {c.get("type"): c for c in ((n or {}).get("status") or {}).get("conditions") or []}
-            r = conds.get("Ready") or {}
-            if r.get("status") != "True":
-                return None
-            if since is not None and (parse_time(r.get("lastHeartbeatTime")) or 0) < since:
-                return None
-            return n
-        return wait_until("Node %s Ready" % self.lab.node, ready, timeout, 3)
-
-    def node_boot_id(self):
-        return (((self.node() or {}).get("status") or {}).get("nodeInfo") or {}).get("bootID")
-
-    def kubelet_rebooted(self, boot_id, since):
-        """After a machine restart at unix time `since`: the Node reports a new boot ID, the
-        kubelet recorded its `Rebooted` Event, the Node is Ready in a heartbeat since, and the
-        suite's pod runs again."""
-        n = self.node_ready(300, since)
-        new = ((n.get("status") or {}).get("nodeInfo") or {}).get("bootID")
-        need(new and new != boot_id, "the Node's bootID %r did not change" % new)
-        def event():
-            rc, out, _ = self.lab.kubectl("get", "events", "-A", "-o", "json", "--field-selector",
-                                          "involvedObject.kind=Node,involvedObject.name=%s,reason=Rebooted" % self.lab.node)
-            items = json.loads(out).get("items", []) if rc == 0 else []
-            return [e for e in items if (parse_time(e.get("lastTimestamp") or e.get("eventTime")) or 0) >= since - 1] or None
-        wait_until("the kubelet's Rebooted Event", event, 120, 3)
-        self.pod_running_since(since)
-        return new
-
-    def pod_running_since(self, since, timeout=300):
-        """The suite's pod runs in a container started at or after unix time `since`."""
-        def back():
-            rc, out, _ = self.lab.kubectl("get", "pod", POD, "-o", "json")
-            p = json.loads(out) if rc == 0 else {}
-            cs = ((p.get("status") or {}).get("containerStatuses") or [{}])[0]
-            started = ((cs.get("state") or {}).get("running") or {}).get("startedAt")
-            return p if started and parse_time(started) >= since - 1 else None
-        return wait_until("pod %s running again" % POD, back, timeout, 3)
-
-    def pod_container(self):
-        """(container ID, startedAt, restartCount) of the suite's pod, or None."""
-        rc, out, _ = self.lab.kubectl("get", "pod", POD, "-o", "json")
-        if rc != 0:
-            return None
-        cs = ((json.loads(out).get("status") or {}).get("containerStatuses") or [{}])[0]
-        return (cs.get("containerID"), ((cs.get("state") or {}).get("running") or {}).get("startedAt"),
-                cs.get("restartCount"))
-
-    def pods_untouched(self, before, what):
-        """The suite's pod still runs its container `before` (the kubelet was not restarted)."""
-        after = self.pod_container()
-        need(before and before[1] and after == before,
-             "the pod's container changed across %s: %s -> %s" % (what, before, after))
-
-    def c_pod_runs(self):
-        """The join made a real node: the kubelet in machine kube1 (unpacked from the node
-        image the config names by digest) registered the Node itself (no lab creates it), at
-        the control plane's version, Ready; a pod of the lab registry's busybox (pulled by the
-        machine's containerd with the registry's CA and credentials, on a sandbox of the
-        lab's pause image) runs, and `kubectl logs` and `kubectl exec` reach the kubelet
-        through the API server."""
-        lab = self.lab
-        n = self.node_ready(300)
-        info = (n.get("status") or {}).get("nodeInfo") or {}
-        want = lab.st.get("K8S_VERSION")
-        need(info.get("kubeletVersion") == want, "the Node's kubelet is %r, not %r" % (info.get("kubeletVersion"), want))
-        need(info.get("containerRuntimeVersion", "").startswith("containerd://"),
-             "runtime %r" % info.get("containerRuntimeVersion"))
-        st = self.lab.status_json()
-        need(((st.get("kubelet") or {}).get("ready")) == "True", "flexnode status shows the kubelet as %s" % st.get("kubelet"))
-        need((st.get("node") or {}).get("activeSide") == "kube1", "flexnode status: active side %s" % st.get("node"))
-        image = "%s/flexnode/busybox@%s" % (lab.st["GUEST_REG"], lab.st["BUSYBOX_IMAGE"])
-        manifest = json.dumps({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": POD, "namespace": "default"},
-            "spec": {"automountServiceAccountToken": False, "terminationGracePeriodSeconds": 2,
-                     "containers": [{"name": "hello", "image": image,
-                                     # PID 1 of its container: TERM is handled, so a
-                                     # machine stops without waiting out its timeout
-                                     "args": ["sh", "-c", "echo hello from $(hostname); "
-                                              "trap 'exit 0' TERM; while :; do sleep 1; done"]}]}})
-        t = time.time()
-        rc, out, err = lab.kubectl("apply", "-f", "-", inp=manifest)
-        need(rc == 0, "kubectl apply pod: %s" % err.strip())
-        def running():
-            rc, out, _ = lab.kubectl("get", "pod", POD, "-o", "json")
-            p = json.loads(out) if rc == 0 else {}
-            return p if (p.get("status") or {}).get("phase") == "Running" else None
-        p = wait_until("pod %s Running" % POD, running, 600, 3)
-        need((p.get("spec") or {}).get("nodeName") == lab.node, "the pod runs on %r" % (p.get("spec") or {}).get("nodeName"))
-        ran = time.time() - t
-        rc, logs, err = lab.kubectl("logs", POD)
-        need(rc == 0 and "hello from %s" % POD in logs, "kubectl logs: rc %d %r %s" % (rc, logs, err.strip()))
-        rc, out, err = lab.kubectl("exec", POD, "--", "busybox", "echo", "exec-ok")
-        need(rc == 0 and out.strip() == "exec-ok", "kubectl exec: rc %d %r %s" % (rc, out, err.strip()))
-        detail("Node %s Ready (kubelet %s, %s); pod Running %.0f s after it was created; logs and exec reach the kubelet"
-               % (lab.node, info.get("kubeletVersion"), info.get("containerRuntimeVersion"), ran))
 
     def wait_phase(self, name, phases, timeout):
         def probe():

@@ -28,11 +28,12 @@ import time
 from lab import (MSG_REBOOT_DONE, MSG_RESET_DONE, MSG_UPGRADE_DONE, SLOT_RE, TERMINAL, Fail,
                  Lab, SuiteBase, detail, need, op_view, parse_time, run_suite, show_guest,
                  slot_path, wait_until)
+from node_checks import NodeChecks
 
 
 # ----------------------------------------------------------------------------- the checks
 
-class Suite(SuiteBase):
+class Suite(SuiteBase, NodeChecks):
     def __init__(self, lab):
         super().__init__(lab)
         self.secret_pw = "pw-" + secrets.token_hex(12)
@@ -451,18 +452,35 @@ if [ -e /etc/modules-load.d/flexnode.conf ]; then echo "left: /etc/modules-load.
         cursor = lab.cursor()
         self.create("reset", "e2e-reset")
         self.expect("e2e-reset", "Complete", "Succeeded", 600, MSG_RESET_DONE)
+        self.reset_leaves_nothing()
+        j = lab.journal_after(cursor, "-u flexnode-agent -o cat")
+        need("stop-sigterm' timed out" not in j,
+             "systemd had to SIGKILL the agent (stop timed out) during the reset")
+        self.one_result("e2e-reset")
+
+    def reset_leaves_nothing(self, timeout=300):
         def clean():
             left = self._nothing_left()
             if left:
                 raise Fail(left.replace("\n", "; "))
             return True
-        wait_until("no flexnode unit, link, process, machine, machine tree or runtime file left", clean, 300, 5)
+        wait_until("no flexnode unit, link, process, machine, machine tree or runtime file left", clean, timeout, 5)
         self.joined = False
         self.reset_finished()
-        j = lab.journal_after(cursor, "-u flexnode-agent -o cat")
-        need("stop-sigterm' timed out" not in j,
-             "systemd had to SIGKILL the agent (stop timed out) during the reset")
-        self.one_result("e2e-reset")
+
+    def c_deletion_signal(self):
+        """The Node tainted for deletion and its Machine gone: the daemon resets the node
+        and stops; nothing is left (a re-join creates the Machine again)."""
+        self.need_joined()
+        lab = self.lab
+        rc, _, err = lab.kubectl("taint", "nodes", lab.node, "kubernetes.azure.com/flex-node-deleting=true:NoSchedule")
+        need(rc == 0, "kubectl taint: %s" % err.strip())
+        try:
+            rc, _, err = lab.kubectl("delete", "machines", lab.node, "--wait=false")
+            need(rc == 0, "kubectl delete machine: %s" % err.strip())
+            self.reset_leaves_nothing(600)
+        finally:
+            lab.kubectl("taint", "nodes", lab.node, "kubernetes.azure.com/flex-node-deleting-")
 
     def c_rejoin(self):
         lab = self.lab
@@ -538,6 +556,12 @@ CHECKS = [
     ("guest-reboot", Suite.c_guest_reboot),
     ("agent-reset", Suite.c_agent_reset),
     ("re-join", Suite.c_rejoin),
+    ("deletion-signal-halves-change-nothing", Suite.c_deletion_signal_halves),
+    ("deletion-signal-resets", Suite.c_deletion_signal),
+    ("re-join-after-the-deletion-signal", Suite.c_rejoin),
+    ("repave-broken-new-side-rolls-back", Suite.c_repave_rolls_back),
+    ("repave-kube1-to-kube2", Suite.c_repave),
+    ("repave-back-without-the-bootstrap-token", Suite.c_repave_back_without_the_token),
     ("bootstrap-impossible-setting-78", Suite.c_bootstrap_78),
     ("one-terminal-result-per-operation", Suite.c_one_result_each),
 ]

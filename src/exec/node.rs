@@ -42,7 +42,9 @@ where
         };
         if !fx.containerd.image_present(&image.digest).await? {
             tracing::info!(image = %image.pinned(), "pulling the node image");
-            fx.containerd.pull(&image.pinned(), &image.digest).await?;
+            fx.containerd
+                .pull_content(&image.pinned(), &image.digest)
+                .await?;
         }
         let dir = fx.host.clear_machine_tree(side).await?;
         let started = Instant::now();

@@ -1,8 +1,10 @@
-//! The nspawn machine trees: a minimal bootable root per side, provisioned for a Kubernetes
-//! version (a marker records which), moved aside in one step and then deleted.
+//! The nspawn machine trees: unpacked from a node image (cleared, then completed with the
+//! kubelet's files and settings) or, with no node image configured, a minimal bootable root;
+//! provisioned for a Kubernetes version (a marker, written last, records which and from what
+//! image), moved aside in one step and then deleted.
 
 use super::FsHost;
-use super::kubelet::files_from;
+use super::kubelet::{MachineFile, files_from};
 use super::root::resolve_in_root;
 use crate::effects::fs::{
     TempFile, create_parents, ensure_real_dir, io_failed, read_small, remove_no_follow,
@@ -51,6 +53,10 @@ pub const MACHINE_DROP_IN: &str = "\
 Environment=SYSTEMD_NSPAWN_API_VFS_WRITABLE=yes
 DeviceAllow=/dev/kmsg rw
 ";
+/// The kubelet's rotated client certificate and key (a link to the current dated file) and
+/// the kubeconfig naming it, in a machine's tree (the kubelet's `--kubeconfig`).
+const KUBELET_CLIENT_CERT: &str = "var/lib/kubelet/pki/kubelet-client-current.pem";
+const KUBELET_KUBECONFIG: &str = "var/lib/kubelet/kubeconfig";
 /// Marker of a provisioned machine, written last (relative to the machine tree).
 pub const MACHINE_MARKER: &str = "etc/flexnode-machine.json";
 
@@ -144,7 +150,9 @@ impl FsHost {
         })?;
         let l = &self.layout;
         let root = l.machine_dir(side);
-        for f in files_from(inputs)? {
+        let mut files = files_from(inputs)?;
+        files.extend(self.kubelet_identity(side.other())?);
+        for f in files {
             // Resolved inside the tree: the image's own links never lead a write out of it.
             let path = resolve_in_root(&root, &f.path)
                 .map_err(|e| io_failed("resolve", &root.join(&f.path), &e))?;
@@ -228,6 +236,35 @@ impl FsHost {
             format!("{marker}\n").as_bytes(),
             0o644,
         )
+    }
+
+    /// The client certificate side `from`'s kubelet holds (and its kubeconfig naming it), as
+    /// files for the other side: a repave's new kubelet starts as the same Node without the
+    /// bootstrap token, which may have expired or been deleted since the join. Nothing when
+    /// `from` has none (the first join; a kubelet that never got one).
+    fn kubelet_identity(&self, from: Side) -> EffectResult<Vec<MachineFile>> {
+        let tree = self.layout.machine_dir(from);
+        if std::fs::symlink_metadata(&tree).is_err() {
+            return Ok(Vec::new());
+        }
+        let mut files = Vec::new();
+        for rel in [KUBELET_CLIENT_CERT, KUBELET_KUBECONFIG] {
+            let path = resolve_in_root(&tree, Path::new(rel))
+                .map_err(|e| io_failed("resolve", &tree.join(rel), &e))?;
+            match read_small(&path, 1 << 20, true)? {
+                Some(text) => files.push(MachineFile {
+                    path: PathBuf::from(rel),
+                    contents: text.into_bytes(),
+                    mode: 0o600,
+                }),
+                None => return Ok(Vec::new()),
+            }
+        }
+        tracing::info!(
+            from = from.name(),
+            "the kubelet's client certificate carried over"
+        );
+        Ok(files)
     }
 
     pub(super) fn remove_machine_tree(&self, side: Side) -> EffectResult {
