@@ -244,8 +244,17 @@ impl Registry {
             user_agent: "flexnode",
             ..Default::default()
         };
-        // The system store is unusable on a host with no CA certificates at all; then only
-        // trustedCAFile is trusted (effects/http.rs does the same for archives).
+        // oci-client 0.18 builds a default reqwest client beside the configured one, and that
+        // panics where the system store has no CA certificate at all (a minimal OS image): ask
+        // reqwest first, which answers with an error.
+        if let Err(e) = reqwest::Client::builder().build() {
+            return Err(failed(format!(
+                "this host's system trust store is unusable ({}); the registry client needs one                  even with trustedCAFile: install the CA certificates (Debian: ca-certificates)",
+                describe(&e)
+            )));
+        }
+        // The system store may still lack the registry's CA: then only trustedCAFile is
+        // trusted (effects/http.rs does the same for archives).
         let client = match Client::try_from(config(true)) {
             Ok(client) => client,
             Err(_) if !certs.is_empty() => Client::try_from(config(false))
