@@ -63,6 +63,19 @@ pub struct Runner<S, C, H, P, K> {
     /// The node image per Kubernetes version (the configuration's `nodeImages`); empty:
     /// machines without a kubelet.
     pub node_images: BTreeMap<String, NodeImage>,
+    /// Told that the executor makes progress: after each effect and while a long one waits
+    /// (`AwaitNode`). The daemon feeds systemd's watchdog with it, so one step of several
+    /// long effects (a repave) is not taken for a hung daemon.
+    pub on_progress: Option<Progress>,
+}
+
+/// A progress callback ([`Runner::on_progress`]).
+pub struct Progress(pub Box<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Progress")
+    }
 }
 
 impl<S, C, H, P, K> Runner<S, C, H, P, K>
@@ -82,6 +95,13 @@ where
             restart_requested: false,
             daemon: true,
             node_images: BTreeMap::new(),
+            on_progress: None,
+        }
+    }
+
+    fn alive(&self) {
+        if let Some(Progress(f)) = &self.on_progress {
+            f();
         }
     }
 
@@ -287,6 +307,7 @@ where
     ) -> Result<(), EffectError> {
         for effect in effects {
             self.apply(effect, resumed).await?;
+            self.alive();
         }
         Ok(())
     }

@@ -162,6 +162,7 @@ where
                 )));
             }
             last = seen;
+            self.alive();
             tokio::time::sleep(NODE_POLL).await;
         }
     }

@@ -72,6 +72,11 @@ where
         told_waiting: Default::default(),
         last_observed: None,
     };
+    // A step of long effects (a repave: unpack, start, the wait for the kubelet) keeps the
+    // watchdog fed while it makes progress; a wedged loop still gets the agent restarted.
+    owner.runner.on_progress = Some(crate::exec::Progress(Box::new(|| {
+        notify(sd_notify::NotifyState::Watchdog)
+    })));
     // Finish what a crash interrupted, publish what waits, judge a pending hand-off: before
     // any new work is claimed.
     owner.runner.start(running).await?;
