@@ -568,3 +568,45 @@ async fn agent_reset_and_the_deletion_signal_reset_the_node() {
     let w = deleted.host.world();
     assert!(!w.runtime_files && w.units.is_empty());
 }
+
+/// Without the Machine API (its CRD not installed) the daemon still claims and runs the
+/// node's operations, with no `observedMachineGeneration`: the Machine's watch reports the
+/// type as not served once instead of keeping the claims waiting for a first answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    flexnode_skip = "controlplane",
+    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
+)]
+async fn operations_run_without_the_machine_api() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let sc = Scenario::up().await;
+    let crds: Api<CustomResourceDefinition> = Api::all(sc.client.clone());
+    crds.delete("machines.unbounded-cloud.io", &DeleteParams::default())
+        .await
+        .expect("delete the Machine CRD");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while crds
+        .get_opt("machines.unbounded-cloud.io")
+        .await
+        .expect("crd")
+        .is_some()
+    {
+        assert!(Instant::now() < deadline, "the Machine CRD was not removed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut node = Node::default();
+    node.metadata.name = Some("edge-09".into());
+    Api::<Node>::all(sc.client.clone())
+        .create(&PostParams::default(), &node)
+        .await
+        .expect("node");
+    let mut agent = Agent::join(&sc.lab, "edge-09", InstallMode::Host).await;
+    sc.create("reboot-9", spec(Some("edge-09"), OperationKind::NodeReboot))
+        .await;
+    let op = sc.wait_terminal("reboot-9").await;
+    assert_eq!(phase(&op), Some(OperationPhase::Complete));
+    let s = op.status.clone().expect("status");
+    assert_eq!(s.observed_machine_generation, None);
+    assert_eq!(machine_restarts(&agent.host), 1);
+    agent.kill().await;
+}

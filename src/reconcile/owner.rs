@@ -219,7 +219,13 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
     }
 
     /// Claims this node's waiting operations, oldest first; a busy node keeps them waiting.
+    /// Not before the Machine's watch has reported once (an absent Machine counts): every
+    /// claim carries its generation (`observedMachineGeneration`), which a claim made earlier
+    /// would report as none.
     async fn claim_waiting(&mut self) -> Result<(), DaemonError> {
+        if self.machine.is_none() {
+            return Ok(());
+        }
         let labels = self.labels();
         let mut waiting: Vec<MachineOperation> = self
             .ops

@@ -28,6 +28,7 @@ where
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     tokio::spawn(async move {
         let mut listed: Option<K> = None;
+        let mut told_missing = false;
         let mut stream = watcher::watcher(api, config).default_backoff().boxed();
         while let Some(event) = stream.next().await {
             let msg = match event {
@@ -42,6 +43,15 @@ where
                 Ok(Event::InitDone) => wrap(listed.take()),
                 Ok(Event::Apply(obj)) => wrap(Some(obj)),
                 Ok(Event::Delete(_)) => wrap(None),
+                // The resource type is not served (no Machine CRD): nothing of it exists,
+                // which the owner must hear once rather than wait for.
+                Err(watcher::Error::InitialListFailed(kube::Error::Api(s)))
+                    if s.code == 404 && !told_missing =>
+                {
+                    tracing::warn!(message = %s.message, "watch: the resource type is not served");
+                    told_missing = true;
+                    wrap(None)
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "watch interrupted; retrying");
                     continue;
