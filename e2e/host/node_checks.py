@@ -161,11 +161,16 @@ class NodeChecks:
         need(rc == 0, "deleting the bootstrap token: %s" % err.strip())
         self.repave("kube1", "back")
 
-    def goal_observed(self, cursor, what, timeout=180):
-        """The daemon's journal lines (after `cursor`) saying it observed `what` and what it
-        decided: the positive signal before a check that nothing happened."""
+    def guest_now(self):
+        return int(self.lab.sh("date +%s").strip())
+
+    def goal_observed(self, since, what, timeout=180):
+        """The daemon's journal lines (since the guest's unix time `since`) saying it
+        observed `what` and what it decided: the positive signal before a check that nothing
+        happened. By time, not by journal cursor: an `--after-cursor` read with `-u` missed
+        the line once, where no entry came between the cursor's and it."""
         def seen():
-            out = self.lab.journal_after(cursor, "-u flexnode-agent -o cat")
+            out = self.lab.sh("journalctl --no-pager --since @%d -u flexnode-agent -o cat" % since)
             return [l for l in out.splitlines() if "goal observed" in l and what in l] or None
         return wait_until("the daemon's 'goal observed (%s)' journal line" % what, seen, timeout, 3)
 
@@ -189,21 +194,21 @@ class NodeChecks:
         before = self.node_snapshot()
         need(before[0] == "Ready", "the node is %s, not Ready" % before[0])
         taint = "kubernetes.azure.com/flex-node-deleting=true:NoSchedule"
-        cursor = lab.cursor()
+        since = self.guest_now()
         rc, _, err = lab.kubectl("taint", "nodes", lab.node, taint)
         need(rc == 0, "kubectl taint: %s" % err.strip())
         try:
-            seen = self.goal_observed(cursor, "node tainted for deletion, machine generation")
+            seen = self.goal_observed(since, "node tainted for deletion, machine generation")
             self.untouched_since(before, "the taint alone")
         finally:
             lab.kubectl("taint", "nodes", lab.node, "kubernetes.azure.com/flex-node-deleting-")
         m = lab.machine()
         need(m, "no Machine %s" % lab.node)
-        cursor = lab.cursor()
+        since = self.guest_now()
         rc, _, err = lab.kubectl("delete", "machines", lab.node, "--wait=true", timeout=120)
         need(rc == 0, "kubectl delete machine: %s" % err.strip())
         try:
-            seen += self.goal_observed(cursor, "node present, machine missing")
+            seen += self.goal_observed(since, "node present, machine missing")
             self.untouched_since(before, "the Machine's deletion alone")
         finally:
             again = {"apiVersion": m["apiVersion"], "kind": m["kind"],

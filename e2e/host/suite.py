@@ -468,20 +468,6 @@ if [ -e /etc/modules-load.d/flexnode.conf ]; then echo "left: /etc/modules-load.
         self.joined = False
         self.reset_finished()
 
-    def c_deletion_signal(self):
-        """The Node tainted for deletion and its Machine gone: the daemon resets the node
-        and stops; nothing is left (a re-join creates the Machine again)."""
-        self.need_joined()
-        lab = self.lab
-        rc, _, err = lab.kubectl("taint", "nodes", lab.node, "kubernetes.azure.com/flex-node-deleting=true:NoSchedule")
-        need(rc == 0, "kubectl taint: %s" % err.strip())
-        try:
-            rc, _, err = lab.kubectl("delete", "machines", lab.node, "--wait=false")
-            need(rc == 0, "kubectl delete machine: %s" % err.strip())
-            self.reset_leaves_nothing(600)
-        finally:
-            lab.kubectl("taint", "nodes", lab.node, "kubernetes.azure.com/flex-node-deleting-")
-
     def c_rejoin(self):
         lab = self.lab
         rc, out, err = lab.ssh("/root/flexnode join --config /root/join.yaml", 900)
@@ -556,9 +542,8 @@ CHECKS = [
     ("guest-reboot", Suite.c_guest_reboot),
     ("agent-reset", Suite.c_agent_reset),
     ("re-join", Suite.c_rejoin),
+    # the whole deletion signal and its re-join: the container suite's (TCG time, docs/node.md)
     ("deletion-signal-halves-change-nothing", Suite.c_deletion_signal_halves),
-    ("deletion-signal-resets", Suite.c_deletion_signal),
-    ("re-join-after-the-deletion-signal", Suite.c_rejoin),
     ("repave-broken-new-side-rolls-back", Suite.c_repave_rolls_back),
     ("repave-kube1-to-kube2", Suite.c_repave),
     ("repave-back-without-the-bootstrap-token", Suite.c_repave_back_without_the_token),
