@@ -294,6 +294,20 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
     }
 
     async fn observe_goal(&mut self) -> Result<(), DaemonError> {
+        // An absence permits a repave, so it is read again before it counts: a step that
+        // started a machine (a repave, its rollback) had its kubelet register the Node while
+        // the Node's watch event still waited in the queue.
+        if matches!(self.node, Some(None)) {
+            let api: Api<Node> = Api::all(self.client.clone());
+            match api.get_opt(&self.node_name).await {
+                Ok(Some(n)) => self.node = Some(Some(Box::new(n))),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "the Node's absence not confirmed; waiting");
+                    return Ok(());
+                }
+            }
+        }
         let (Some(node), Some(machine)) = (&self.node, &self.machine) else {
             return Ok(());
         };
