@@ -61,14 +61,13 @@ flexnode_bin() { # prints the path of the (host) flexnode binary, building it if
   echo "$target/debug/flexnode"
 }
 
-# guest_bin: the agent the guest runs, built with the `lab` profile (optimized: Cargo.toml says
-# why) from the same sources as flexnode_bin, so it reports the same version.
+# guest_bin: the agent the guest runs: the release binary of the agent's image (image/build
+# binary; tests/agent_image.rs has built it when the suites run in `cargo test`), from the
+# same sources as flexnode_bin, so it reports the same version. Optimized, because the agent's
+# own generic data paths (tar, gzip and hashing instantiated in this crate: a node image
+# unpacked into a machine's tree) took minutes in a TCG guest unoptimized.
 guest_bin() {
-  local target="${CARGO_TARGET_DIR:-$CACHE/target}"
-  log "cargo build --profile lab --bin flexnode (target dir $target)"
-  (cd "$REPO" && CARGO_TARGET_DIR="$target" cargo build --locked --profile lab --bin flexnode >&2) \
-    || die "cargo build --profile lab failed"
-  echo "$target/lab/flexnode"
+  "$REPO/image/build" binary --arch amd64 2>&2 | tail -1 || die "image/build binary failed"
 }
 
 # next_bin VERSION: the same sources built to report VERSION (FLEXNODE_VERSION, src/lib.rs),
