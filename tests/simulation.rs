@@ -32,21 +32,24 @@ async fn joined(dir: &tempfile::TempDir, mode: InstallMode) -> SimNode {
 
 const NODE_IMAGE: &str = "cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc";
 
+/// The node image the simulated registry serves.
+fn node_image() -> flexnode::config::NodeImage {
+    flexnode::config::NodeImage {
+        image: flexnode::machine::agent::ImageRef {
+            registry: "registry.example".into(),
+            repository: "node".into(),
+            tag: None,
+        },
+        digest: flexnode::machine::agent::Sha256Hex::parse(NODE_IMAGE).expect("digest"),
+    }
+}
+
 /// Joined with a node image for the goal's version: its machines run a kubelet.
 async fn joined_with_kubelet(dir: &tempfile::TempDir) -> SimNode {
     let mut node = SimNode::new(&dir.path().join("state/state.db"), T0);
     node.host.serve_image(NODE_IMAGE, v2(false));
-    node.node_images.insert(
-        flexnode::sim::GOAL_VERSION.to_string(),
-        flexnode::config::NodeImage {
-            image: flexnode::machine::agent::ImageRef {
-                registry: "registry.example".into(),
-                repository: "node".into(),
-                tag: None,
-            },
-            digest: flexnode::machine::agent::Sha256Hex::parse(NODE_IMAGE).expect("digest"),
-        },
-    );
+    node.node_images
+        .insert(flexnode::sim::GOAL_VERSION.to_string(), node_image());
     node.join(InstallMode::Host, "edge-07").await.expect("join");
     node.boot().await.expect("daemon starts");
     node
@@ -140,17 +143,7 @@ async fn join_from_a_node_image_pulls_unpacks_and_waits_for_the_node() {
 async fn a_kubernetes_version_without_a_node_image_fails_the_join_by_name() {
     let dir = tempfile::tempdir().expect("tmp");
     let mut node = SimNode::new(&dir.path().join("state/state.db"), T0);
-    node.node_images.insert(
-        "v1.0.0".to_string(),
-        flexnode::config::NodeImage {
-            image: flexnode::machine::agent::ImageRef {
-                registry: "registry.example".into(),
-                repository: "node".into(),
-                tag: None,
-            },
-            digest: flexnode::machine::agent::Sha256Hex::parse(NODE_IMAGE).expect("digest"),
-        },
-    );
+    node.node_images.insert("v1.0.0".to_string(), node_image());
     node.join(InstallMode::Host, "edge-07")
         .await
         .expect("join runs");

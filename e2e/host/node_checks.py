@@ -13,6 +13,14 @@ from lab import detail, need, parse_time, wait_until
 POD = "flexnode-hello"
 
 
+def condition(obj, kind):
+    """The condition of type `kind` in an object's status (empty when there is none)."""
+    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if c.get("type") == kind:
+            return c
+    return {}
+
+
 class NodeChecks:
     def node(self):
         """The Node object as the API server has it, or None."""
@@ -24,8 +32,7 @@ class NodeChecks:
         that unix time: a Ready from before a restart does not count)."""
         def ready():
             n = self.node()
-            conds = {c.get("type"): c for c in ((n or {}).get("status") or {}).get("conditions") or []}
-            r = conds.get("Ready") or {}
+            r = condition(n, "Ready")
             if r.get("status") != "True":
                 return None
             if since is not None and (parse_time(r.get("lastHeartbeatTime")) or 0) < since:
@@ -77,6 +84,17 @@ class NodeChecks:
         need(before and before[1] and after == before,
              "the pod's container changed across %s: %s -> %s" % (what, before, after))
 
+    def drift_and_delete_node(self, label):
+        """What permits a repave: the Machine's spec edited (a new generation, returned) and
+        the Node deleted."""
+        lab = self.lab
+        patch = json.dumps({"spec": {"kubernetes": {"nodeLabels": {"flexnode.io/repave": label}}}})
+        rc, out, err = lab.kubectl("patch", "machines", lab.node, "--type", "merge", "-p", patch, "-o", "json")
+        need(rc == 0, "kubectl patch machine: %s" % err.strip())
+        rc, _, err = lab.kubectl("delete", "node", lab.node, "--wait=true", timeout=120)
+        need(rc == 0, "kubectl delete node: %s" % err.strip())
+        return json.loads(out)["metadata"]["generation"]
+
     def repave(self, to, label):
         """The Machine's goal changes (a spec edit: a new generation) and the Node is deleted:
         the agent provisions `to` from the node image, stops the active side, starts `to`,
@@ -88,12 +106,7 @@ class NodeChecks:
         need(frm and frm != to, "active side %r before a repave to %s" % (frm, to))
         since = int(time.time()) - 1
         t = time.time()
-        patch = json.dumps({"spec": {"kubernetes": {"nodeLabels": {"flexnode.io/repave": label}}}})
-        rc, out, err = lab.kubectl("patch", "machines", lab.node, "--type", "merge", "-p", patch, "-o", "json")
-        need(rc == 0, "kubectl patch machine: %s" % err.strip())
-        gen = json.loads(out)["metadata"]["generation"]
-        rc, _, err = lab.kubectl("delete", "node", lab.node, "--wait=true", timeout=120)
-        need(rc == 0, "kubectl delete node: %s" % err.strip())
+        gen = self.drift_and_delete_node(label)
 
         def applied():
             st = lab.status_json()
@@ -102,8 +115,7 @@ class NodeChecks:
                           and node.get("appliedGeneration") == gen) else None
         wait_until("flexnode status: Ready on %s at generation %d" % (to, gen), applied, 900, 5)
         n = self.node_ready(300, since)
-        conds = {c.get("type"): c for c in ((lab.machine() or {}).get("status") or {}).get("conditions") or []}
-        upd = conds.get("NodeUpdated") or {}
+        upd = condition(lab.machine(), "NodeUpdated")
         need(upd.get("message") == "machine goal state applied" and upd.get("observedGeneration") == gen,
              "Machine NodeUpdated: %s" % upd)
         out = lab.sh("systemctl is-active systemd-nspawn@%s || true; systemctl is-active systemd-nspawn@%s || true; "
@@ -126,15 +138,10 @@ class NodeChecks:
                "systemctl daemon-reload" % (broken, broken))
         try:
             since = int(time.time()) - 1
-            patch = json.dumps({"spec": {"kubernetes": {"nodeLabels": {"flexnode.io/repave": "broken"}}}})
-            rc, _, err = lab.kubectl("patch", "machines", lab.node, "--type", "merge", "-p", patch)
-            need(rc == 0, "kubectl patch machine: %s" % err.strip())
-            rc, _, err = lab.kubectl("delete", "node", lab.node, "--wait=true", timeout=120)
-            need(rc == 0, "kubectl delete node: %s" % err.strip())
+            self.drift_and_delete_node("broken")
 
             def rolled_back():
-                conds = {c.get("type"): c for c in ((lab.machine() or {}).get("status") or {}).get("conditions") or []}
-                msg = (conds.get("NodeUpdated") or {}).get("message") or ""
+                msg = condition(lab.machine(), "NodeUpdated").get("message") or ""
                 return msg if msg.startswith("repave to kube2 failed and was rolled back") else None
             msg = wait_until("the Machine's account of the rollback", rolled_back, 900, 5)
             n = self.node_ready(300, since)

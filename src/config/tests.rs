@@ -336,13 +336,18 @@ fn node_images_come_with_the_kubelet_settings_and_cover_the_goal() {
     );
     assert_eq!(refused(&with_token("podCIDR: 10.88.0.0/40\n")), "podCIDR");
     // Kubelet settings without node images.
-    for extra in [
-        format!("bootstrapTokenFile: {}\n", token.display()),
-        "sandboxImage: r.example/pause:3.10\n".to_string(),
-        "podCIDR: 10.88.0.0/16\n".to_string(),
+    for (extra, setting) in [
+        (
+            format!("bootstrapTokenFile: {}\n", token.display()),
+            "bootstrapTokenFile",
+        ),
+        (
+            "sandboxImage: r.example/pause:3.10\n".to_string(),
+            "sandboxImage",
+        ),
+        ("podCIDR: 10.88.0.0/16\n".to_string(), "podCIDR"),
     ] {
-        let text = format!("{base}{extra}");
-        assert!(refused(&text) != "config", "{extra}");
+        assert_eq!(refused(&format!("{base}{extra}")), setting, "{extra}");
     }
     // A token file others can read, or one without a token.
     std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).expect("chmod");

@@ -294,10 +294,14 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
     }
 
     async fn observe_goal(&mut self) -> Result<(), DaemonError> {
-        // An absence permits a repave, so it is read again before it counts: a step that
-        // started a machine (a repave, its rollback) had its kubelet register the Node while
-        // the Node's watch event still waited in the queue.
-        if matches!(self.node, Some(None)) {
+        // An absence permits a repave when the goal changed, so it is read again before it
+        // counts: a step that started a machine (a repave, its rollback) had its kubelet
+        // register the Node while the Node's watch event still waited in the queue. Only
+        // then: a node without a kubelet has no Node for good, and every tick would ask.
+        let applied = self.runner.state()?.node().map(|n| n.applied.generation);
+        let goal_changed = matches!(&self.machine, Some(Some(m))
+            if m.metadata.generation.is_some_and(|g| Some(g) != applied));
+        if goal_changed && matches!(self.node, Some(None)) {
             let api: Api<Node> = Api::all(self.client.clone());
             match api.get_opt(&self.node_name).await {
                 Ok(Some(n)) => self.node = Some(Some(Box::new(n))),
