@@ -434,6 +434,11 @@ async fn repave_rolls_back_when_the_new_side_fails_after_the_old_one_stopped() {
         let w = node.host.world();
         assert!(w.machines[&Side::Kube1].running, "old side is back");
         assert!(!w.machines[&Side::Kube2].running);
+        assert!(w.machines[&Side::Kube1].enabled);
+        assert!(
+            !w.machines[&Side::Kube2].enabled,
+            "the broken side would start again at the next boot"
+        );
     }
     let st = state(&mut node);
     assert_eq!(st.node().map(|n| n.active), Some(Side::Kube1));

@@ -494,7 +494,8 @@ find /opt /usr/local -mindepth 1 \( -type f -o -name '*flexnode*' \) | sed 's/^/
             self.reset_leaves_nothing("the deletion signal")
         finally:
             lab.kubectl("taint", "nodes", lab.node, "kubernetes.azure.com/flex-node-deleting-")
-        lab.provision()
+        # the last re-join: no check after it needs a Node
+        lab.provision(kubelet=False)
         self.rejoined("base")
 
     def c_bootstrap_78(self):
@@ -549,11 +550,12 @@ CHECKS = [
     ("agent-reset-then-rejoin-explicit-image", Suite.c_agent_reset),
     ("reset-unit-then-rejoin-registry-unreachable", Suite.c_reset_unit),
     ("offline-rejoin-from-oci-archive", Suite.c_offline_join),
-    ("deletion-signal-halves-change-nothing", Suite.c_deletion_signal_halves),
-    ("deletion-signal-then-rejoin", Suite.c_deletion_signal),
+    # its re-join is the one with a node image since the first boot: a Node for what follows
     ("bootstrap-impossible-setting-78", Suite.c_bootstrap_78),
     # the rollback and the repave back: the host suite's (TCG time, docs/node.md)
     ("repave-kube1-to-kube2", Suite.c_repave),
+    ("deletion-signal-halves-change-nothing", Suite.c_deletion_signal_halves),
+    ("deletion-signal-then-rejoin", Suite.c_deletion_signal),
     ("one-terminal-result-per-operation", Suite.c_one_result_each),
 ]
 

@@ -277,7 +277,6 @@ where
 
     async fn remove_machine(&self, side: Side) -> EffectResult {
         self.stop_machine(side).await?;
-        self.disable_unit(&machine_unit(side)).await?;
         // Also a tree without a marker (an unpack a crash cut short).
         if self.effects.host.machine_tree_exists(side).await? {
             self.effects.host.remove_machine(side).await?;
@@ -285,11 +284,16 @@ where
         self.remove_machine_drop_in(side).await
     }
 
+    /// A stopped side stays down at the next boot too (after a rollback the broken side would
+    /// otherwise start beside the good one) and keeps no failed state: its failure is told in
+    /// the Machine's condition and the journal.
     async fn stop_machine(&self, side: Side) -> EffectResult {
-        if !self.effects.systemd.machine_status(side).await?.running {
-            return Ok(());
+        let unit = machine_unit(side);
+        self.disable_unit(&unit).await?;
+        if self.effects.systemd.machine_status(side).await?.running {
+            self.effects.systemd.stop(&unit).await?;
         }
-        self.effects.systemd.stop(&machine_unit(side)).await
+        self.effects.systemd.reset_failed(&unit).await
     }
 
     /// Publishes a stored result unless it already reached the API server.
