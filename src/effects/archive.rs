@@ -269,9 +269,9 @@ fn too_large(cap: u64) -> String {
 }
 
 /// A reader that fails once more than `left` bytes come through it.
-struct Capped<R> {
-    inner: R,
-    left: u64,
+pub(crate) struct Capped<R> {
+    pub(crate) inner: R,
+    pub(crate) left: u64,
 }
 
 impl<R: Read> Read for Capped<R> {
@@ -289,7 +289,7 @@ impl<R: Read> Read for Capped<R> {
 const UNPACKED_TOO_LARGE: &str = "decompressed archive is too large";
 
 /// The error (possibly wrapped by the tar reader) is the [`Capped`] limit.
-fn hit_unpacked_cap(e: &std::io::Error) -> bool {
+pub(crate) fn hit_unpacked_cap(e: &std::io::Error) -> bool {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = source {
         if err.to_string() == UNPACKED_TOO_LARGE {

@@ -10,6 +10,7 @@
 use super::container::PulledManifest;
 use super::manifest::config_diff_ids;
 use super::{GrpcContainerd, grpc_failed};
+use crate::effects::archive::{Capped, hit_unpacked_cap};
 use crate::effects::fs::{io_failed, remove_no_follow, remove_tree};
 use crate::effects::host::resolve_in_root;
 use crate::effects::{EffectError, EffectResult};
@@ -22,6 +23,9 @@ use std::path::{Component, Path, PathBuf};
 
 /// Chunks in flight between the content stream and the unpacking thread.
 const CHANNEL_DEPTH: usize = 16;
+/// Most bytes an image's layers may unpack to, all of them together (a node image is a few
+/// hundred MB): a small layer that inflates without end would fill the host's disk.
+const MAX_TREE_BYTES: u64 = 16 << 30;
 const OPAQUE: &str = ".wh..wh..opq";
 const WHITEOUT: &str = ".wh.";
 
@@ -62,6 +66,7 @@ impl GrpcContainerd {
             )));
         }
         std::fs::create_dir_all(dir).map_err(|e| io_failed("create", dir, &e))?;
+        let mut left = MAX_TREE_BYTES;
         for (layer, diff_id) in manifest.layers.iter().zip(diff_ids) {
             let compression = Compression::of(&layer.media_type)?;
             let (tx, rx) = tokio::sync::mpsc::channel(CHANNEL_DEPTH);
@@ -74,6 +79,7 @@ impl GrpcContainerd {
                     &target,
                     &what,
                     &diff_id,
+                    left,
                 )
             });
             let streamed = self.stream_layer(&layer.digest, tx).await;
@@ -82,7 +88,7 @@ impl GrpcContainerd {
                 .map_err(|e| EffectError::Failed(format!("unpack {}: {e}", layer.digest)))?;
             // A stream error surfaces on both sides; the stream's own message says more.
             streamed?;
-            applied?;
+            left -= applied?;
         }
         Ok(())
     }
@@ -123,25 +129,38 @@ impl GrpcContainerd {
     }
 }
 
-/// The blocking half: decompress, hash, apply.
+/// The blocking half: decompress, hash, apply. At most `left` uncompressed bytes; returns
+/// how many there were.
 fn apply_layer(
-    src: ChannelReader,
+    src: impl Read,
     compression: Compression,
     dir: &Path,
     layer: &str,
     diff_id: &str,
-) -> EffectResult {
+    left: u64,
+) -> EffectResult<u64> {
     let stream: Box<dyn Read> = match compression {
         Compression::None => Box::new(src),
         Compression::Gzip => Box::new(flate2::read::GzDecoder::new(src)),
     };
-    let mut archive = tar::Archive::new(Hashing::new(stream));
+    let mut archive = tar::Archive::new(Hashing::new(Capped {
+        inner: stream,
+        left,
+    }));
     archive.set_preserve_permissions(true);
     archive.set_preserve_ownerships(true);
     archive.set_preserve_mtime(true);
     archive.set_unpack_xattrs(true);
     archive.set_overwrite(true);
-    let failed = |e: std::io::Error| EffectError::Failed(format!("layer {layer}: {}", chain(&e)));
+    let failed = |e: std::io::Error| {
+        if hit_unpacked_cap(&e) {
+            return EffectError::Failed(format!(
+                "layer {layer}: the image unpacks to more than {} GiB",
+                MAX_TREE_BYTES >> 30
+            ));
+        }
+        EffectError::Failed(format!("layer {layer}: {}", chain(&e)))
+    };
     // What this layer put in place: an opaque marker keeps it.
     let mut own: HashSet<PathBuf> = HashSet::new();
     for entry in archive.entries().map_err(failed)? {
@@ -179,13 +198,14 @@ fn apply_layer(
     }
     let mut rest = archive.into_inner();
     std::io::copy(&mut rest, &mut std::io::sink()).map_err(failed)?;
+    let unpacked = left - rest.inner.left;
     let got = rest.digest();
     if got != diff_id {
         return Err(EffectError::Failed(format!(
             "layer {layer}: its uncompressed bytes are {got}, not the config's diffID {diff_id}"
         )));
     }
-    Ok(())
+    Ok(unpacked)
 }
 
 /// An error and its sources: the tar crate puts the cause in the source.
@@ -301,6 +321,46 @@ mod tests {
         assert_eq!(relative(Path::new("./etc/x")), Some(PathBuf::from("etc/x")));
         assert_eq!(relative(Path::new("/etc/x")), Some(PathBuf::from("etc/x")));
         assert_eq!(relative(Path::new("etc/../../x")), None);
+    }
+
+    /// A layer that inflates past what is left of the cap stops with a message naming the
+    /// cap (the test's cap is small; the real one is `MAX_TREE_BYTES`).
+    #[test]
+    fn a_layer_larger_than_the_cap_is_refused() {
+        let mut tar = tar::Builder::new(Vec::new());
+        let data = vec![0u8; 64 << 10];
+        let dir = tempfile::tempdir().expect("tmp");
+        let owner = std::fs::metadata(dir.path()).expect("stat");
+        let mut header = tar::Header::new_gnu();
+        header.set_size(data.len() as u64);
+        header.set_mode(0o644);
+        header.set_uid(u64::from(std::os::unix::fs::MetadataExt::uid(&owner)));
+        header.set_gid(u64::from(std::os::unix::fs::MetadataExt::gid(&owner)));
+        header.set_mtime(0);
+        header.set_cksum();
+        tar.append_data(&mut header, "big", data.as_slice())
+            .expect("append");
+        let bytes = tar.into_inner().expect("tar");
+        let e = apply_layer(
+            bytes.as_slice(),
+            Compression::None,
+            dir.path(),
+            "l",
+            "d",
+            4096,
+        )
+        .expect_err("over the cap");
+        assert!(e.to_string().contains("unpacks to more than"), "{e}");
+        let n = apply_layer(
+            bytes.as_slice(),
+            Compression::None,
+            dir.path(),
+            "l",
+            "sha256:x",
+            1 << 20,
+        )
+        .expect_err("wrong diffID");
+        assert!(n.to_string().contains("not the config's diffID"), "{n}");
     }
 
     #[test]
