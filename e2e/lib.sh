@@ -82,23 +82,31 @@ next_bin() {
   echo "$target/debug/flexnode"
 }
 
-# node_images REGISTRY CA CREDENTIALS: the node's images built offline (e2e/node-image/build)
-# and pushed to the lab's registry at REGISTRY (host loopback, TLS with CA, auth with
-# CREDENTIALS): the machines' rootfs (flexnode/node:K8S_VERSION), the pod sandbox
+# node_images REGISTRY CA CREDENTIALS [PREVIOUS]: the node's images built offline
+# (e2e/node-image/build) and pushed to the lab's registry at REGISTRY (host loopback, TLS with
+# CA, auth with CREDENTIALS): the machines' rootfs (flexnode/node:K8S_VERSION), the pod sandbox
 # (flexnode/pause) and the workload (flexnode/busybox); their digests in DIR/state as
-# NODE_IMAGE, PAUSE_IMAGE, BUSYBOX_IMAGE. Needs the control plane built (the kubelet).
+# NODE_IMAGE, PAUSE_IMAGE, BUSYBOX_IMAGE. With PREVIOUS (a Kubernetes version) also the rootfs
+# with that version's kubelet, flexnode/node:PREVIOUS, as PREV_NODE_IMAGE. Needs the control
+# plane built (the kubelets).
 node_images() {
-  local registry=$1 ca=$2 creds=$3 what repo digest pushed
-  for what in node:node:"$K8S_VERSION" pause:pause:3.10 busybox:busybox:lab; do
+  local registry=$1 ca=$2 creds=$3 prev=${4:-} what repo tag key layout digest pushed args
+  local images=(node:node:"$K8S_VERSION" pause:pause:3.10 busybox:busybox:lab)
+  [[ -z $prev ]] || images+=(node:node:"$prev")
+  for what in "${images[@]}"; do
     IFS=: read -r what repo tag <<< "$what"
-    digest=$("$REPO/e2e/node-image/build" build "$what" 2>> "$DIR/logs/node-image.log") \
-      || die "e2e/node-image/build build $what failed (see $DIR/logs/node-image.log)"
-    pushed=$("$REPO/image/build" push "$CACHE/node-image/$what-layout" "$registry/flexnode/$repo:$tag" \
+    key="${what^^}_IMAGE" layout="$CACHE/node-image/$what-layout" args=()
+    if [[ $what == node && $tag != "$K8S_VERSION" ]]; then
+      key=PREV_NODE_IMAGE layout="$CACHE/node-image/node-$tag-layout" args=(--kubernetes "$tag")
+    fi
+    digest=$("$REPO/e2e/node-image/build" build "$what" "${args[@]}" 2>> "$DIR/logs/node-image.log") \
+      || die "e2e/node-image/build build $what ${args[*]} failed (see $DIR/logs/node-image.log)"
+    pushed=$("$REPO/image/build" push "$layout" "$registry/flexnode/$repo:$tag" \
       --ca "$ca" --credentials "$creds" 2>> "$DIR/logs/node-image.log") \
-      || die "pushing the $what image failed (see $DIR/logs/node-image.log)"
-    [[ $pushed == "$digest" ]] || die "pushed $what as $pushed, built $digest"
-    state_set "${what^^}_IMAGE" "$digest"
-    log "node image $what: $digest"
+      || die "pushing the $what:$tag image failed (see $DIR/logs/node-image.log)"
+    [[ $pushed == "$digest" ]] || die "pushed $what:$tag as $pushed, built $digest"
+    state_set "$key" "$digest"
+    log "node image $what:$tag: $digest"
   done
 }
 

@@ -84,11 +84,14 @@ class NodeChecks:
         need(before and before[1] and after == before,
              "the pod's container changed across %s: %s -> %s" % (what, before, after))
 
-    def drift_and_delete_node(self, label):
-        """What permits a repave: the Machine's spec edited (a new generation, returned) and
-        the Node deleted."""
+    def drift_and_delete_node(self, label, version=None):
+        """What permits a repave: the Machine's spec edited (a new generation, returned; its
+        Kubernetes version too when given) and the Node deleted."""
         lab = self.lab
-        patch = json.dumps({"spec": {"kubernetes": {"nodeLabels": {"flexnode.io/repave": label}}}})
+        spec = {"nodeLabels": {"flexnode.io/repave": label}}
+        if version:
+            spec["version"] = version
+        patch = json.dumps({"spec": {"kubernetes": spec}})
         rc, out, err = lab.kubectl("patch", "machines", lab.node, "--type", "merge", "-p", patch, "-o", "json")
         need(rc == 0, "kubectl patch machine: %s" % err.strip())
         rc, _, err = lab.kubectl("delete", "node", lab.node, "--wait=true", timeout=120)
@@ -96,17 +99,21 @@ class NodeChecks:
         return json.loads(out)["metadata"]["generation"]
 
     def repave(self, to, label):
-        """The Machine's goal changes (a spec edit: a new generation) and the Node is deleted:
-        the agent provisions `to` from the node image, stops the active side, starts `to`,
-        waits for its kubelet, retires the old side. Its new kubelet is the same Node (its
-        client certificate carried over), Ready in a heartbeat since; the Machine says
+        """The Machine's goal changes (a spec edit: a new generation; the control plane's
+        Kubernetes version when the node runs another, as the host lab's joins at the
+        previous minor) and the Node is deleted: the agent provisions `to` from the goal
+        version's node image, stops the active side, starts `to`, waits for its kubelet,
+        retires the old side. Its new kubelet is the same Node (its client certificate
+        carried over) at the goal's version, Ready in a heartbeat since; the Machine says
         `machine goal state applied` for the new generation."""
         lab = self.lab
         frm = (lab.status_json().get("node") or {}).get("activeSide")
         need(frm and frm != to, "active side %r before a repave to %s" % (frm, to))
+        want = lab.st["K8S_VERSION"]
+        was = ((self.node_ready(120).get("status") or {}).get("nodeInfo") or {}).get("kubeletVersion")
         since = int(time.time()) - 1
         t = time.time()
-        gen = self.drift_and_delete_node(label)
+        gen = self.drift_and_delete_node(label, want if was != want else None)
 
         def applied():
             st = lab.status_json()
@@ -121,8 +128,12 @@ class NodeChecks:
         out = lab.sh("systemctl is-active systemd-nspawn@%s || true; systemctl is-active systemd-nspawn@%s || true; "
                      "test -e /var/lib/machines/%s && echo left || echo gone" % (to, frm, frm))
         need(out.split() == ["active", "inactive", "gone"], "after the repave: %s %s, %s tree: %r" % (to, frm, frm, out))
-        detail("repave %s -> %s at generation %d: Node Ready (bootID %s) %.0f s after the Node was deleted"
-               % (frm, to, gen, ((n.get("status") or {}).get("nodeInfo") or {}).get("bootID"), time.time() - t))
+        info = (n.get("status") or {}).get("nodeInfo") or {}
+        need(info.get("kubeletVersion") == want, "after the repave the Node's kubelet is %r, not %r" % (info.get("kubeletVersion"), want))
+        st = lab.status_json()
+        need((st.get("node") or {}).get("appliedKubernetesVersion") == want, "flexnode status after the repave: %s" % st.get("node"))
+        detail("repave %s -> %s at generation %d: kubelet %s -> %s, Node Ready (bootID %s) %.0f s after the Node was deleted"
+               % (frm, to, gen, was, want, info.get("bootID"), time.time() - t))
 
     def c_repave_rolls_back(self):
         """A repave whose new side cannot start (kube2's unit fails: a drop-in the check adds
@@ -235,7 +246,7 @@ class NodeChecks:
         lab = self.lab
         n = self.node_ready(300)
         info = (n.get("status") or {}).get("nodeInfo") or {}
-        want = lab.st.get("K8S_VERSION")
+        want = lab.st.get("JOIN_VERSION") or lab.st.get("K8S_VERSION")
         need(info.get("kubeletVersion") == want, "the Node's kubelet is %r, not %r" % (info.get("kubeletVersion"), want))
         need(info.get("containerRuntimeVersion", "").startswith("containerd://"),
              "runtime %r" % info.get("containerRuntimeVersion"))
