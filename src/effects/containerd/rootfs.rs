@@ -351,7 +351,7 @@ mod tests {
         )
         .expect_err("over the cap");
         assert!(e.to_string().contains("unpacks to more than"), "{e}");
-        let n = apply_layer(
+        let wrong = apply_layer(
             bytes.as_slice(),
             Compression::None,
             dir.path(),
@@ -360,7 +360,10 @@ mod tests {
             1 << 20,
         )
         .expect_err("wrong diffID");
-        assert!(n.to_string().contains("not the config's diffID"), "{n}");
+        assert!(
+            wrong.to_string().contains("not the config's diffID"),
+            "{wrong}"
+        );
     }
 
     #[test]
