@@ -199,9 +199,13 @@ class NodeChecks:
         need(after == before, "%s changed the node: %s -> %s" % (what, before, after))
 
     def node_snapshot(self):
+        """(phase, active side, agent and machine MainPIDs, the pod's container) once the pod
+        runs (after a re-join its container may still be between restarts)."""
+        wait_until("the pod's container running", lambda: (lambda c: c if c and c[1] else None)(self.pod_container()), 300, 3)
         st = self.lab.status_json()
-        out = self.lab.sh("systemctl show -P MainPID flexnode-agent; systemctl show -P MainPID systemd-nspawn@kube1")
-        return (st.get("phase"), (st.get("node") or {}).get("activeSide"), out.split(), self.pod_container())
+        side = (st.get("node") or {}).get("activeSide")
+        out = self.lab.sh("systemctl show -P MainPID flexnode-agent; systemctl show -P MainPID systemd-nspawn@%s" % side)
+        return (st.get("phase"), side, out.split(), self.pod_container())
 
     def c_deletion_signal_halves(self):
         """Half of the deletion signal changes nothing: the Node's deletion taint while the
