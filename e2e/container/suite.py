@@ -482,7 +482,8 @@ find /opt /usr/local -mindepth 1 \( -type f -o -name '*flexnode*' \) | sed 's/^/
             lab.registry("start")
 
     def c_deletion_signal(self):
-        """The deletion signal (the Node's taint) resets the node; nothing left; re-join."""
+        """The deletion signal (the Node's taint and the Machine gone) resets the node;
+        nothing left (the next check joins again)."""
         lab = self.lab
         self.wait_agent(60)
         # the signal: the Node tainted for deletion and its Machine gone (join creates it again)
@@ -494,15 +495,13 @@ find /opt /usr/local -mindepth 1 \( -type f -o -name '*flexnode*' \) | sed 's/^/
             self.reset_leaves_nothing("the deletion signal")
         finally:
             lab.kubectl("taint", "nodes", lab.node, "kubernetes.azure.com/flex-node-deleting-")
-        # the last re-join: no check after it needs a Node
-        lab.provision(kubelet=False)
-        self.rejoined("base")
 
     def c_bootstrap_78(self):
-        """A bootstrap with an impossible setting exits 78 and is not retried."""
+        """On the node the deletion signal reset: a bootstrap with an impossible setting
+        exits 78 and is not retried; then the lab's own config joins again, with the node
+        image (a kubelet and the Node Ready again)."""
         lab = self.lab
-        lab.sh("systemctl start flexnode-reset", 600)
-        self.reset_leaves_nothing("the reset unit")
+        self.reset_leaves_nothing("the deletion signal")
         # A credential the API server refuses cannot start working by retrying: Ignition
         # cannot know that, the join in the bootstrap container does.
         with open(os.path.join(lab.dir, "node.kubeconfig")) as fh:
@@ -550,12 +549,14 @@ CHECKS = [
     ("agent-reset-then-rejoin-explicit-image", Suite.c_agent_reset),
     ("reset-unit-then-rejoin-registry-unreachable", Suite.c_reset_unit),
     ("offline-rejoin-from-oci-archive", Suite.c_offline_join),
+    # the Node object outlives its kubelet: the signal works on it; the reset it makes is
+    # the next check's starting point
+    ("deletion-signal-resets", Suite.c_deletion_signal),
     # its re-join is the one with a node image since the first boot: a Node for what follows
-    ("bootstrap-impossible-setting-78", Suite.c_bootstrap_78),
+    ("bootstrap-impossible-setting-78-then-rejoin", Suite.c_bootstrap_78),
     # the rollback and the repave back: the host suite's (TCG time, docs/node.md)
     ("repave-kube1-to-kube2", Suite.c_repave),
     ("deletion-signal-halves-change-nothing", Suite.c_deletion_signal_halves),
-    ("deletion-signal-then-rejoin", Suite.c_deletion_signal),
     ("one-terminal-result-per-operation", Suite.c_one_result_each),
 ]
 
