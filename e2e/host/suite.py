@@ -125,7 +125,8 @@ class Suite(SuiteBase, NodeChecks):
         m = lab.machine()
         need(m, "no Machine %s after the join" % lab.node)
         ver = ((m.get("spec") or {}).get("kubernetes") or {}).get("version")
-        need(ver == "v1.34.12", "Machine spec.kubernetes.version %r, expected the config's v1.34.12" % ver)
+        want = lab.st["JOIN_VERSION"]
+        need(ver == want, "Machine spec.kubernetes.version %r, expected the config's %s" % (ver, want))
 
         def ready():
             return ((lab.machine() or {}).get("status") or {}).get("phase") == "Ready"
