@@ -260,7 +260,7 @@ class NodeChecks:
         lab = self.lab
         n = self.node_ready(300)
         info = (n.get("status") or {}).get("nodeInfo") or {}
-        want = lab.st.get("JOIN_VERSION") or lab.st.get("K8S_VERSION")
+        want = lab.st["JOIN_VERSION"]
         need(info.get("kubeletVersion") == want, "the Node's kubelet is %r, not %r" % (info.get("kubeletVersion"), want))
         need(info.get("containerRuntimeVersion", "").startswith("containerd://"),
              "runtime %r" % info.get("containerRuntimeVersion"))
