@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from lab import (MSG_REBOOT_DONE, MSG_UPGRADE_DONE, Fail, Lab, SuiteBase, detail, need, op_view,  # noqa: E402
                  run_suite, show_guest, wait_until)
-from node_checks import NodeChecks  # noqa: E402
+from node_checks import NodeChecks, node_context  # noqa: E402
 
 AGENT_IMAGE_NAME = "flexnode.invalid/agent"   # src/effects/host/layout.rs
 CTR = "ctr --namespace flexnode"
@@ -562,9 +562,10 @@ CHECKS = [
 
 
 def diagnose(lab):
-    """Context after a failure: the guest's flexnode journal tail and containers."""
+    """Context after a failure: the guest's flexnode journal tail and containers, the pod and its kubelet."""
     show_guest(lab, "journalctl --no-pager -o short-precise -n 40 -u 'flexnode*'; "
                "%s tasks ls; %s images ls -q" % (CTR, CTR))
+    node_context(lab)
 
 
 def main():

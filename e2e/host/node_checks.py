@@ -7,7 +7,7 @@ halves. A mixin of the suites' `Suite` classes (beside `lab.SuiteBase`, whose he
 import json
 import time
 
-from lab import Fail, detail, need, parse_time, wait_until
+from lab import Fail, detail, need, parse_time, show_guest, wait_until
 
 # The pod the suites run on the node (c_pod_runs).
 POD = "flexnode-hello"
@@ -19,6 +19,30 @@ def condition(obj, kind):
         if c.get("type") == kind:
             return c
     return {}
+
+
+def pod_state(p):
+    """A pod's state in one line: phase, conditions not true, its container's state."""
+    st = p.get("status") or {}
+    conds = ",".join(c.get("type", "?") for c in st.get("conditions") or [] if c.get("status") != "True")
+    cs = (st.get("containerStatuses") or [{}])[0]
+    return "phase %s, not %s, container %s restarts %s" % (
+        st.get("phase"), conds or "-", json.dumps(cs.get("state"), sort_keys=True), cs.get("restartCount"))
+
+
+def node_context(lab):
+    """A failed node check's context: the pod's events and the kubelet's last lines (the
+    active side's journal, read from the host); never fails."""
+    try:
+        _, out, _ = lab.kubectl("get", "events", "--field-selector", "involvedObject.name=%s" % POD,
+                                "--sort-by", ".lastTimestamp")
+        for line in out.splitlines()[-15:]:
+            print("    | " + line, flush=True)
+    except Exception as e:  # noqa: BLE001 - diagnostics must never fail the run
+        print("    | (no pod events: %s)" % e, flush=True)
+    show_guest(lab, "for m in kube1 kube2; do [ \"$(machinectl show $m -p State --value 2>/dev/null)\" = running ] && "
+               "echo \"== $m\" && journalctl -M $m -u kubelet -u containerd --no-pager -o short-precise -n 40; done",
+               last=45)
 
 
 class NodeChecks:
@@ -62,11 +86,13 @@ class NodeChecks:
     def pod_running_since(self, since, timeout=300):
         """The suite's pod runs in a container started at or after unix time `since`."""
         def back():
-            rc, out, _ = self.lab.kubectl("get", "pod", POD, "-o", "json")
-            p = json.loads(out) if rc == 0 else {}
+            rc, out, err = self.lab.kubectl("get", "pod", POD, "-o", "json")
+            need(rc == 0, "kubectl get pod: %s" % err.strip())
+            p = json.loads(out)
             cs = ((p.get("status") or {}).get("containerStatuses") or [{}])[0]
             started = ((cs.get("state") or {}).get("running") or {}).get("startedAt")
-            return p if started and parse_time(started) >= since - 1 else None
+            need(started and parse_time(started) >= since - 1, pod_state(p))
+            return p
         return wait_until("pod %s running again" % POD, back, timeout, 3)
 
     def pod_container(self):

@@ -28,7 +28,7 @@ import time
 from lab import (MSG_REBOOT_DONE, MSG_RESET_DONE, MSG_UPGRADE_DONE, SLOT_RE, TERMINAL, Fail,
                  Lab, SuiteBase, detail, need, op_view, parse_time, run_suite, show_guest,
                  slot_path, wait_until)
-from node_checks import NodeChecks
+from node_checks import NodeChecks, node_context
 
 
 # ----------------------------------------------------------------------------- the checks
@@ -556,10 +556,11 @@ CHECKS = [
 
 
 def diagnose(lab):
-    """Context after a failure: the guest's flexnode journal tail."""
+    """Context after a failure: the guest's flexnode journal tail, the pod and its kubelet."""
     show_guest(lab, "journalctl --no-pager -o short-precise -n 25 -u 'flexnode*'; "
                "f=/opt/flexnode/bin/flexnode; [ -x $f ] || f=/root/flexnode; "
                "$f status 2>&1 | head -12; $f history --limit 6 2>&1", last=45)
+    node_context(lab)
 
 
 def main():
