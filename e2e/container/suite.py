@@ -481,21 +481,6 @@ find /opt /usr/local -mindepth 1 \( -type f -o -name '*flexnode*' \) | sed 's/^/
             lab.ssh("rm -rf /var/lib/flexnode-offline")
             lab.registry("start")
 
-    def c_deletion_signal(self):
-        """The deletion signal (the Node's taint and the Machine gone) resets the node;
-        nothing left (the next check joins again)."""
-        lab = self.lab
-        self.wait_agent(60)
-        # the signal: the Node tainted for deletion and its Machine gone (join creates it again)
-        rc, out, err = lab.kubectl("taint", "nodes", lab.node, "kubernetes.azure.com/flex-node-deleting=true:NoSchedule")
-        need(rc == 0, "kubectl taint: %s" % err)
-        try:
-            rc, out, err = lab.kubectl("delete", "machines", lab.node, "--wait=false")
-            need(rc == 0, "kubectl delete machine: %s" % err)
-            self.reset_leaves_nothing("the deletion signal")
-        finally:
-            lab.kubectl("taint", "nodes", lab.node, "kubernetes.azure.com/flex-node-deleting-")
-
     def c_bootstrap_78(self):
         """On the node the deletion signal reset: a bootstrap with an impossible setting
         exits 78 and is not retried; then the lab's own config joins again, with the node
@@ -554,8 +539,10 @@ CHECKS = [
     ("deletion-signal-resets", Suite.c_deletion_signal),
     # its re-join is the one with a node image since the first boot: a Node for what follows
     ("bootstrap-impossible-setting-78-then-rejoin", Suite.c_bootstrap_78),
-    # the rollback and the repave back: the host suite's (TCG time, docs/node.md)
+    ("repave-broken-new-side-rolls-back", Suite.c_repave_rolls_back),
+    # the version change: the lab joins at the previous minor
     ("repave-kube1-to-kube2", Suite.c_repave),
+    ("repave-back-without-the-bootstrap-token", Suite.c_repave_back_without_the_token),
     ("deletion-signal-halves-change-nothing", Suite.c_deletion_signal_halves),
     ("one-terminal-result-per-operation", Suite.c_one_result_each),
 ]

@@ -41,7 +41,8 @@ def node_context(lab):
     except Exception as e:  # noqa: BLE001 - diagnostics must never fail the run
         print("    | (no pod events: %s)" % e, flush=True)
     show_guest(lab, "for m in kube1 kube2; do [ \"$(machinectl show $m -p State --value 2>/dev/null)\" = running ] && "
-               "echo \"== $m\" && journalctl -M $m -u kubelet -u containerd --no-pager -o short-precise -n 40; done",
+               "echo \"== $m\" && journalctl -M $m -u kubelet -u containerd --no-pager -o short-precise -n 200 | "
+               "grep -Ev 'loading plugin|signal loop|cleaning up|cleanup warnings|Observed|reflector' | tail -40; done",
                last=45)
 
 
@@ -205,6 +206,19 @@ class NodeChecks:
         need(rc == 0, "deleting the bootstrap token: %s" % err.strip())
         self.repave("kube1", "back")
 
+    def c_deletion_signal(self):
+        """The deletion signal (the Node tainted for deletion and its Machine gone) resets
+        the node: nothing left (the next check starts from the reset node)."""
+        lab = self.lab
+        rc, _, err = lab.kubectl("taint", "nodes", lab.node, "kubernetes.azure.com/flex-node-deleting=true:NoSchedule")
+        need(rc == 0, "kubectl taint: %s" % err.strip())
+        try:
+            rc, _, err = lab.kubectl("delete", "machines", lab.node, "--wait=false")
+            need(rc == 0, "kubectl delete machine: %s" % err.strip())
+            self.reset_leaves_nothing("the deletion signal")
+        finally:
+            lab.kubectl("taint", "nodes", lab.node, "kubernetes.azure.com/flex-node-deleting-")
+
     def guest_now(self):
         return int(self.lab.sh("date +%s").strip())
 
@@ -279,7 +293,7 @@ class NodeChecks:
     def c_pod_runs(self):
         """The join made a real node: the kubelet in machine kube1 (unpacked from the node
         image the config names by digest) registered the Node itself (no lab creates it), at
-        the control plane's version, Ready; a pod of the lab registry's busybox (pulled by the
+        the join's version, Ready; a pod of the lab registry's busybox (pulled by the
         machine's containerd with the registry's CA and credentials, on a sandbox of the
         lab's pause image) runs, and `kubectl logs` and `kubectl exec` reach the kubelet
         through the API server."""

@@ -417,8 +417,8 @@ class Suite(SuiteBase, NodeChecks):
                    lambda: lab.facts().get("kube1.ActiveState") == "active", 300, 3)
         # the node comes back with its pod
         self.node_ready(600, int(t))
-        # up to the kubelet's 5-minute backoff more: once (kubelet v1.33.13) the pod's new
-        # sandbox came 5 min 19 s after the Node was Ready again (docs/node.md)
+        # its new sandbox, with the kubelet's 5-minute backoff to spare (the power cuts before
+        # once left CNI state whose teardown failed for good: docs/node.md)
         self.pod_running_since(int(t), 660)
         detail("Node Ready and the pod running again %.0f s after the reboot began" % (time.time() - t))
 
@@ -455,19 +455,20 @@ if [ -e /etc/modules-load.d/flexnode.conf ]; then echo "left: /etc/modules-load.
         cursor = lab.cursor()
         self.create("reset", "e2e-reset")
         self.expect("e2e-reset", "Complete", "Succeeded", 600, MSG_RESET_DONE)
-        self.reset_leaves_nothing()
+        self.reset_leaves_nothing("AgentReset")
         j = lab.journal_after(cursor, "-u flexnode-agent -o cat")
         need("stop-sigterm' timed out" not in j,
              "systemd had to SIGKILL the agent (stop timed out) during the reset")
         self.one_result("e2e-reset")
 
-    def reset_leaves_nothing(self, timeout=300):
+    def reset_leaves_nothing(self, how):
         def clean():
             left = self._nothing_left()
             if left:
                 raise Fail(left.replace("\n", "; "))
             return True
-        wait_until("no flexnode unit, link, process, machine, machine tree or runtime file left", clean, timeout, 5)
+        wait_until("no flexnode unit, link, process, machine, machine tree or runtime file left after %s" % how,
+                   clean, 300, 5)
         self.joined = False
         self.reset_finished()
 
@@ -545,11 +546,13 @@ CHECKS = [
     ("guest-reboot", Suite.c_guest_reboot),
     ("agent-reset", Suite.c_agent_reset),
     ("re-join", Suite.c_rejoin),
-    # the whole deletion signal and its re-join: the container suite's (TCG time, docs/node.md)
     ("deletion-signal-halves-change-nothing", Suite.c_deletion_signal_halves),
     ("repave-broken-new-side-rolls-back", Suite.c_repave_rolls_back),
     ("repave-kube1-to-kube2", Suite.c_repave),
     ("repave-back-without-the-bootstrap-token", Suite.c_repave_back_without_the_token),
+    # the reset it makes is the next check's starting point (whose `reset --yes` finds
+    # nothing to do)
+    ("deletion-signal-resets", Suite.c_deletion_signal),
     ("bootstrap-impossible-setting-78", Suite.c_bootstrap_78),
     ("one-terminal-result-per-operation", Suite.c_one_result_each),
 ]

@@ -8,7 +8,7 @@ use super::kubelet::{MachineFile, files_from};
 use super::root::resolve_in_root;
 use crate::effects::fs::{
     TempFile, create_parents, ensure_real_dir, io_failed, read_small, remove_no_follow,
-    remove_tree, replace_symlink, sweep_temps, sync_dir, write_file_atomic,
+    remove_tree, replace_symlink, sweep_temps, sync_dir, sync_filesystem, write_file_atomic,
 };
 use crate::effects::{EffectError, EffectResult, MachineTree};
 use crate::machine::agent::Sha256Hex;
@@ -30,7 +30,10 @@ VirtualEthernet=no
 ";
 /// Settings of a machine unpacked from a node image, which runs a kubelet and its containerd
 /// (docs/node.md): its own systemd, every capability, the host's network and kernel modules,
-/// the kernel log for the kubelet's OOM watcher.
+/// the kernel log for the kubelet's OOM watcher. CNI's state lasts one machine boot (a
+/// tmpfs): its cached results name network namespaces that die with the machine, and a power
+/// cut can leave one an empty file that fails every later teardown of the pod's old sandbox,
+/// so the pod never comes back (seen in the host suite).
 pub const NSPAWN_KUBELET_SETTINGS: &str = "\
 [Exec]
 Boot=yes
@@ -41,6 +44,7 @@ SystemCallFilter=@keyring bpf perf_event_open
 [Files]
 BindReadOnly=/lib/modules
 Bind=/dev/kmsg
+TemporaryFileSystem=/var/lib/cni
 
 [Network]
 VirtualEthernet=no
@@ -167,6 +171,8 @@ impl FsHost {
             NSPAWN_KUBELET_SETTINGS.as_bytes(),
             0o644,
         )?;
+        // The tree on disk before the marker says it is whole.
+        sync_filesystem(&root)?;
         let marker = serde_json::json!({
             "kubernetesVersion": kubernetes_version,
             "image": image.oci(),
