@@ -27,16 +27,14 @@ state_set() { # state_set KEY VALUE (replaces)
   mv "$tmp" "$DIR/state"
 }
 
-# k8s_version DIR: the Kubernetes version the module e2e/controlplane/DIR/go.mod pins.
-k8s_version() {
-  local v; v=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" { print $3 }' "$REPO/e2e/controlplane/$1/go.mod")
-  [[ $v =~ ^v1\.[0-9]+\.[0-9]+$ ]] || die "no k8s.io/kubernetes version in e2e/controlplane/$1/go.mod"
-  echo "$v"
+# cp_versions CP_DIR: K8S_VERSION, the control plane's Kubernetes version, and PREV_VERSION,
+# the previous minor both labs join at (their first repave is the version change), as the
+# control plane's state has them from its pinned modules (e2e/controlplane/run).
+cp_versions() {
+  K8S_VERSION=$(awk -F= '$1 == "K8S_VERSION" { print $2 }' "$1/state")
+  PREV_VERSION=$(awk -F= '$1 == "PREV_VERSION" { print $2 }' "$1/state")
+  [[ -n $K8S_VERSION && -n $PREV_VERSION ]] || die "no Kubernetes versions in $1/state"
 }
-# The control plane's version, and the previous minor both labs join at (its kubelet built
-# from e2e/controlplane/previous): their first repave is the version change.
-K8S_VERSION=$(k8s_version .)
-PREV_VERSION=$(k8s_version previous)
 
 # pid_ours PID PATTERN: alive, not a zombie, and its cmdline contains PATTERN (our DIR)
 pid_ours() {

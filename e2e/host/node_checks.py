@@ -21,11 +21,16 @@ def condition(obj, kind):
     return {}
 
 
+def container_status(p):
+    """The status of a pod's (first) container; empty when it has none yet."""
+    return (((p or {}).get("status") or {}).get("containerStatuses") or [{}])[0]
+
+
 def pod_state(p):
     """A pod's state in one line: phase, conditions not true, its container's state."""
     st = p.get("status") or {}
     conds = ",".join(c.get("type", "?") for c in st.get("conditions") or [] if c.get("status") != "True")
-    cs = (st.get("containerStatuses") or [{}])[0]
+    cs = container_status(p)
     return "phase %s, not %s, container %s restarts %s" % (
         st.get("phase"), conds or "-", json.dumps(cs.get("state"), sort_keys=True), cs.get("restartCount"))
 
@@ -87,21 +92,24 @@ class NodeChecks:
     def pod_running_since(self, since, timeout=300):
         """The suite's pod runs in a container started at or after unix time `since`."""
         def back():
-            rc, out, err = self.lab.kubectl("get", "pod", POD, "-o", "json")
-            need(rc == 0, "kubectl get pod: %s" % err.strip())
-            p = json.loads(out)
-            cs = ((p.get("status") or {}).get("containerStatuses") or [{}])[0]
-            started = ((cs.get("state") or {}).get("running") or {}).get("startedAt")
+            p = self.pod()
+            need(p, "no pod %s" % POD)
+            started = ((container_status(p).get("state") or {}).get("running") or {}).get("startedAt")
             need(started and parse_time(started) >= since - 1, pod_state(p))
             return p
         return wait_until("pod %s running again" % POD, back, timeout, 3)
 
+    def pod(self):
+        """The suite's pod as the API server has it, or None."""
+        rc, out, _ = self.lab.kubectl("get", "pod", POD, "-o", "json")
+        return json.loads(out) if rc == 0 else None
+
     def pod_container(self):
         """(container ID, startedAt, restartCount) of the suite's pod, or None."""
-        rc, out, _ = self.lab.kubectl("get", "pod", POD, "-o", "json")
-        if rc != 0:
+        p = self.pod()
+        if not p:
             return None
-        cs = ((json.loads(out).get("status") or {}).get("containerStatuses") or [{}])[0]
+        cs = container_status(p)
         return (cs.get("containerID"), ((cs.get("state") or {}).get("running") or {}).get("startedAt"),
                 cs.get("restartCount"))
 
@@ -321,8 +329,7 @@ class NodeChecks:
         rc, out, err = lab.kubectl("apply", "-f", "-", inp=manifest)
         need(rc == 0, "kubectl apply pod: %s" % err.strip())
         def running():
-            rc, out, _ = lab.kubectl("get", "pod", POD, "-o", "json")
-            p = json.loads(out) if rc == 0 else {}
+            p = self.pod() or {}
             return p if (p.get("status") or {}).get("phase") == "Running" else None
         p = wait_until("pod %s Running" % POD, running, 600, 3)
         need((p.get("spec") or {}).get("nodeName") == lab.node, "the pod runs on %r" % (p.get("spec") or {}).get("nodeName"))
