@@ -78,6 +78,7 @@ async fn on_host(state: &Path, args: &DaemonArgs) -> anyhow::Result<()> {
         DaemonConfig {
             node_name: config.node_name,
             tick: Duration::from_millis(args.tick_ms.max(100)),
+            ..Default::default()
         },
         client,
         runner,
@@ -106,6 +107,7 @@ async fn simulated(state: &Path, args: &DaemonArgs) -> anyhow::Result<()> {
     let config = DaemonConfig {
         node_name: node.clone(),
         tick: Duration::from_millis(args.tick_ms.max(100)),
+        ..Default::default()
     };
     loop {
         let (running, _) = host

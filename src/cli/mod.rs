@@ -101,7 +101,12 @@ pub fn block_on<T: Done>(
     command: &str,
     fut: impl std::future::Future<Output = Result<T, Failure>>,
 ) -> ExitCode {
+    // One worker beside the thread that runs `fut`, whatever the node's core count: an
+    // agent's work is a few watches and one step at a time, and each worker costs a stack
+    // and a malloc arena (docs/benchmarks.md, "Footprint"). Heavy work (unpacking,
+    // hashing) runs on the blocking pool.
     let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
         .enable_all()
         .build()
     {

@@ -21,6 +21,15 @@ pub fn addressed(
     }
 }
 
+/// `machineRef` names another node: never this node's, whatever its labels (what the
+/// server's `spec.machineRef` field selectors leave out).
+pub fn elsewhere(op: &MachineOperation, node: &str) -> bool {
+    op.spec
+        .machine_ref
+        .as_deref()
+        .is_some_and(|name| !name.is_empty() && name != node)
+}
+
 /// `metav1.LabelSelector` semantics: every `matchLabels` pair and every expression must hold;
 /// an empty selector matches everything.
 pub fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
@@ -116,6 +125,9 @@ mod tests {
         assert!(addressed(&op(Some("edge-07"), None), "edge-07", None));
         assert!(!addressed(&op(Some("edge-08"), None), "edge-07", None));
         assert!(!addressed(&op(None, None), "edge-07", Some(&labels(&[]))));
+        assert!(elsewhere(&op(Some("edge-08"), None), "edge-07"));
+        assert!(!elsewhere(&op(Some("edge-07"), None), "edge-07"));
+        assert!(!elsewhere(&op(None, None), "edge-07"));
     }
 
     #[test]

@@ -10,6 +10,7 @@ use crate::api::{Machine, MachineOperation};
 use k8s_openapi::api::core::v1::Node;
 
 pub use owner::{DaemonConfig, run};
+pub use watch::{OperationWatch, WatchCounters};
 
 /// What reaches the owner task.
 #[derive(Debug)]

@@ -1,6 +1,7 @@
 //! The owner task: the only code that feeds the state machine in the daemon.
 
-use super::{DELETION_TAINT, Msg, address, watch};
+use super::watch::{self, OperationWatch, WatchCounters};
+use super::{DELETION_TAINT, Msg, address};
 use crate::api::{Machine, MachineOperation};
 use crate::effects::kube::KubePublisher;
 use crate::effects::{Containerd, Host, Systemd};
@@ -13,6 +14,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::api::{Api, DeleteParams, Preconditions};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -21,6 +23,21 @@ pub struct DaemonConfig {
     pub node_name: String,
     /// How often deadlines, TTLs, the outbox and waiting claims are looked at.
     pub tick: Duration,
+    pub operations: OperationWatch,
+    /// Shared with whoever started the daemon (the fleet benchmark reads them).
+    pub counters: Arc<WatchCounters>,
+}
+
+impl Default for DaemonConfig {
+    /// The daemon command's defaults (`--tick-ms 2000`); no node name.
+    fn default() -> Self {
+        Self {
+            node_name: String::new(),
+            tick: Duration::from_secs(2),
+            operations: OperationWatch::default(),
+            counters: Arc::default(),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -86,22 +103,33 @@ where
 
     let (tx, mut rx) = mpsc::channel(256);
     let name = config.node_name.as_str();
-    let tasks = [
-        watch::operations(
-            Api::all(client.clone()),
-            "own",
-            &format!("spec.machineRef={name}"),
-            tx.clone(),
-        ),
-        watch::operations(
-            Api::all(client.clone()),
-            "selector",
-            "spec.machineRef=",
-            tx.clone(),
-        ),
-        watch::node(Api::all(client.clone()), name, tx.clone()),
-        watch::machine(Api::all(client.clone()), name, tx),
-    ];
+    let counters = &config.counters;
+    let operations: &[(&'static str, String)] = match config.operations {
+        OperationWatch::Selected => &[
+            ("own", format!("spec.machineRef={name}")),
+            ("selector", "spec.machineRef=".to_owned()),
+        ],
+        OperationWatch::All => &[("all", String::new())],
+    };
+    let mut tasks: Vec<_> = operations
+        .iter()
+        .map(|(watch, fields)| {
+            let api = Api::all(client.clone());
+            watch::operations(api, watch, fields, tx.clone(), counters.clone())
+        })
+        .collect();
+    tasks.push(watch::node(
+        Api::all(client.clone()),
+        name,
+        tx.clone(),
+        counters.clone(),
+    ));
+    tasks.push(watch::machine(
+        Api::all(client.clone()),
+        name,
+        tx,
+        counters.clone(),
+    ));
     let _abort = AbortOnDrop(tasks.iter().map(|t| t.abort_handle()).collect());
     let mut tick = tokio::time::interval(config.tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -149,6 +177,8 @@ impl Drop for AbortOnDrop {
 impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
     async fn handle(&mut self, msg: Msg) -> Result<(), DaemonError> {
         match msg {
+            // Another node's operation (`OperationWatch::All` delivers them) is not kept.
+            Msg::Operation(op) if address::elsewhere(&op, &self.node_name) => Ok(()),
             Msg::Operation(op) => {
                 if let Some(uid) = op.metadata.uid.clone() {
                     self.ops.insert(uid, *op);
@@ -156,6 +186,7 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
                 self.claim_waiting().await
             }
             Msg::OperationGone(uid) => {
+                self.runner.effects.publisher.forget(&uid);
                 self.ops.remove(&uid);
                 self.told_waiting.remove(&uid);
                 Ok(())
@@ -254,7 +285,14 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
             if self.runner.store.result_for(&claim.op.uid)?.is_some() {
                 continue;
             }
-            match self.feed(Input::OperationClaimed(claim)).await? {
+            // Its status writes start from the object as watched (kube.rs: `known`).
+            let uid = claim.op.uid.clone();
+            self.runner.effects.publisher.remember(&op);
+            let fed = self.feed(Input::OperationClaimed(claim)).await;
+            if !matches!(fed, Ok(Fed::Accepted(_))) {
+                self.runner.effects.publisher.forget(&uid);
+            }
+            match fed? {
                 Fed::Accepted(_) => {}
                 Fed::Refused(r) if r.is_transient() => {
                     if let Some(uid) = op.metadata.uid.clone()

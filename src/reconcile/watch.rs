@@ -12,7 +12,45 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
 use std::fmt::Debug;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::mpsc::Sender;
+
+/// Which MachineOperations the daemon watches.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OperationWatch {
+    /// This node's (`spec.machineRef=<node>`) and the selector-addressed ones
+    /// (`spec.machineRef=`): the API server filters, through the CRD's selectable field.
+    #[default]
+    Selected,
+    /// Every MachineOperation of the cluster, filtered by the agent (`address::addressed`):
+    /// the AKS Flex Node agent's strategy, kept so that `benches/fleet.rs` measures what the
+    /// selectable field buys.
+    All,
+}
+
+impl OperationWatch {
+    /// How many watches the daemon runs: each reports one list before it is in sync.
+    pub fn watches(self) -> u64 {
+        match self {
+            Self::Selected => 4,
+            Self::All => 3,
+        }
+    }
+}
+
+/// What the watches received since the daemon started.
+#[derive(Debug, Default)]
+pub struct WatchCounters {
+    /// MachineOperation objects received (listed, changed or deleted).
+    pub operation_events: AtomicU64,
+    /// Lists (and re-lists) completed, by every watch.
+    pub lists: AtomicU64,
+}
+
+fn count(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
 
 /// Watches one named object; sends `wrap(Some)` / `wrap(None)` on every change and after
 /// every re-list.
@@ -21,6 +59,7 @@ pub fn single<K>(
     name: &str,
     tx: Sender<Msg>,
     wrap: fn(Option<K>) -> Msg,
+    counters: Arc<WatchCounters>,
 ) -> tokio::task::JoinHandle<()>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -40,7 +79,10 @@ where
                     listed = Some(obj);
                     continue;
                 }
-                Ok(Event::InitDone) => wrap(listed.take()),
+                Ok(Event::InitDone) => {
+                    count(&counters.lists);
+                    wrap(listed.take())
+                }
                 Ok(Event::Apply(obj)) => wrap(Some(obj)),
                 Ok(Event::Delete(_)) => wrap(None),
                 // The resource type is not served (no Machine CRD): nothing of it exists,
@@ -65,21 +107,35 @@ where
 }
 
 /// Watches MachineOperations selected by `fields` (server-side, via the CRD's selectable
-/// fields): `spec.machineRef=<node>` for this node's, `spec.machineRef=` for selector ones.
+/// fields): `spec.machineRef=<node>` for this node's, `spec.machineRef=` for selector ones;
+/// none for every operation (`OperationWatch::All`).
 pub fn operations(
     api: Api<MachineOperation>,
     watch: &'static str,
     fields: &str,
     tx: Sender<Msg>,
+    counters: Arc<WatchCounters>,
 ) -> tokio::task::JoinHandle<()> {
-    let config = watcher::Config::default().fields(fields);
+    let mut config = watcher::Config::default();
+    if !fields.is_empty() {
+        config = config.fields(fields);
+    }
     tokio::spawn(async move {
         let mut stream = watcher::watcher(api, config).default_backoff().boxed();
         while let Some(event) = stream.next().await {
+            if matches!(
+                event,
+                Ok(Event::Apply(_) | Event::InitApply(_) | Event::Delete(_))
+            ) {
+                count(&counters.operation_events);
+            }
             let msg = match event {
                 Ok(Event::Apply(op) | Event::InitApply(op)) => Msg::Operation(Box::new(op)),
                 Ok(Event::Delete(op)) => Msg::OperationGone(op.metadata.uid.unwrap_or_default()),
-                Ok(Event::InitDone) => Msg::OperationsListed { watch },
+                Ok(Event::InitDone) => {
+                    count(&counters.lists);
+                    Msg::OperationsListed { watch }
+                }
                 Ok(Event::Init) => continue,
                 Err(e) => {
                     tracing::warn!(error = %e, "operation watch interrupted; retrying");
@@ -93,10 +149,20 @@ pub fn operations(
     })
 }
 
-pub fn node(api: Api<Node>, name: &str, tx: Sender<Msg>) -> tokio::task::JoinHandle<()> {
-    single(api, name, tx, |n| Msg::Node(n.map(Box::new)))
+pub fn node(
+    api: Api<Node>,
+    name: &str,
+    tx: Sender<Msg>,
+    counters: Arc<WatchCounters>,
+) -> tokio::task::JoinHandle<()> {
+    single(api, name, tx, |n| Msg::Node(n.map(Box::new)), counters)
 }
 
-pub fn machine(api: Api<Machine>, name: &str, tx: Sender<Msg>) -> tokio::task::JoinHandle<()> {
-    single(api, name, tx, |m| Msg::Machine(m.map(Box::new)))
+pub fn machine(
+    api: Api<Machine>,
+    name: &str,
+    tx: Sender<Msg>,
+    counters: Arc<WatchCounters>,
+) -> tokio::task::JoinHandle<()> {
+    single(api, name, tx, |m| Msg::Machine(m.map(Box::new)), counters)
 }

@@ -57,6 +57,7 @@ impl Agent {
         let config = DaemonConfig {
             node_name: self.name.clone(),
             tick: Duration::from_millis(300),
+            ..Default::default()
         };
         let (client, host, store) = (self.client.clone(), self.host.clone(), self.store.clone());
         self.task = Some(tokio::spawn(async move {

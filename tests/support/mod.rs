@@ -35,6 +35,12 @@ impl Lab {
         Self::start(&[])
     }
 
+    /// Without controllers, logging every request of group `flexnode:agents` (metadata
+    /// only) to `dir/logs/audit.log`.
+    pub fn up_audited() -> Self {
+        Self::start(&["--no-kcm", "--audit-agents"])
+    }
+
     fn start(flags: &[&str]) -> Self {
         tier::require(tier::Tier::ControlPlane);
         // A fresh private directory (0700, unpredictable name); the script creates `cp` in it.
@@ -69,8 +75,15 @@ impl Lab {
 
     /// A client certificate for `system:flexnode:<node>` in group `flexnode:agents`.
     pub fn node_kubeconfig(&self, node: &str) -> PathBuf {
+        self.node_kubeconfigs(&[node]).remove(0)
+    }
+
+    /// One such certificate for each of `nodes` (one run of the script).
+    pub fn node_kubeconfigs(&self, nodes: &[&str]) -> Vec<PathBuf> {
         let out = Command::new(script())
-            .args(["node-cert", node, "--dir"])
+            .arg("node-cert")
+            .args(nodes)
+            .arg("--dir")
             .arg(&self.dir)
             .output()
             .expect("node-cert");
@@ -79,7 +92,10 @@ impl Lab {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        self.dir.join(format!("nodes/{node}.kubeconfig"))
+        nodes
+            .iter()
+            .map(|n| self.dir.join(format!("nodes/{n}.kubeconfig")))
+            .collect()
     }
 
     /// A value of the lab's `state` file (`KEY=value` lines).

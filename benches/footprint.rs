@@ -1,0 +1,303 @@
+//! The single-agent footprint (docs/benchmarks.md, "Footprint"), never a timed assertion:
+//!
+//! - the binary's size, and `version`'s wall time and peak RSS (11 runs under GNU time,
+//!   medians) — of the Go agent too when `--anchor BIN` is given;
+//! - the daemon (`daemon --simulated-host`, against a real API server, under the agents'
+//!   RBAC): spawn → `READY=1` on its notify socket (5 starts, median), RSS after a minute and at the end of the
+//!   idle window, CPU seconds per idle hour, and every API request it made in the window,
+//!   from the API server's audit log of group `flexnode:agents`;
+//! - SQLite commit latency (`synchronous=FULL`, WAL) of the store's intent and outcome
+//!   transactions on the disk of `FLEXNODE_CACHE`, 201 of each, medians.
+//!
+//! `cargo bench --bench footprint -- --bin PATH [--anchor PATH] [--idle SECS] [--out FILE]
+//! [--binaries-only]` (`bench/run` runs it with the release build and a 600 s window;
+//! `--binaries-only` measures the two binaries side by side and nothing else).
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use flexnode::machine::{Effect, Input, NodeState, Timestamp};
+use flexnode::store::Store;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use support::Lab;
+use support::agent::{admin, apply_rbac, create_node_and_machine};
+
+const NODE: &str = "footprint-0";
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1).cloned())
+    };
+    let bin = PathBuf::from(value("--bin").expect("--bin PATH: the flexnode binary to measure"));
+    let idle = Duration::from_secs(
+        value("--idle")
+            .map(|s| s.parse().expect("--idle SECS"))
+            .unwrap_or(600),
+    );
+    let out = PathBuf::from(value("--out").unwrap_or_else(|| "footprint.json".into()));
+    let mut results = json!({ "flexnode": binary(&bin) });
+    if let Some(anchor) = value("--anchor") {
+        results["anchor"] = binary(Path::new(&anchor));
+    }
+    if !args.iter().any(|a| a == "--binaries-only") {
+        results["store"] = store_commits();
+        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        results["daemon"] = runtime.block_on(daemon(&bin, idle));
+    }
+    let text = serde_json::to_string_pretty(&results).expect("json");
+    std::fs::write(&out, text + "\n").expect("write the results");
+    println!("footprint: results in {}", out.display());
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Size, and `version` under GNU time (`%M`: peak RSS in KiB).
+fn binary(bin: &Path) -> Value {
+    let size = std::fs::metadata(bin).expect("the binary").len();
+    let (mut wall, mut peak) = (vec![], vec![]);
+    for _ in 0..11 {
+        let start = Instant::now();
+        let out = Command::new("/usr/bin/time")
+            .args(["-f", "%M"])
+            .arg(bin)
+            .arg("version")
+            .stdout(Stdio::null())
+            .output()
+            .expect("/usr/bin/time (Debian package time; bench/run installs it)");
+        assert!(out.status.success(), "{} version failed", bin.display());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let last = stderr.lines().last().unwrap_or_default().to_owned();
+        let kib: f64 = last
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("GNU time said {last:?}"));
+        // GNU time's own wall clock has 10 ms steps.
+        wall.push(start.elapsed().as_secs_f64() * 1000.0);
+        peak.push(kib / 1024.0);
+    }
+    let result = json!({
+        "path": bin.display().to_string(),
+        "bytes": size,
+        "version_wall_ms": median(wall),
+        "version_peak_rss_mib": median(peak),
+    });
+    eprintln!("footprint: {result}");
+    result
+}
+
+/// The store's two transactions of every effectful step, each its own fsync'd commit.
+fn store_commits() -> Value {
+    let cache = std::env::var_os("FLEXNODE_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/root/.cache/flexnode"));
+    std::fs::create_dir_all(&cache).expect("the cache directory");
+    let dir = tempfile::tempdir_in(&cache).expect("a directory on the cache's disk");
+    let mut store = Store::open(&dir.path().join("flexnode/state.db")).expect("open");
+    let s = NodeState::default();
+    let t = Timestamp::from_millis(1_785_578_400_000);
+    let (mut intents, mut outcomes) = (vec![], vec![]);
+    for i in 0..201 {
+        let start = Instant::now();
+        let seq = store
+            .begin_step(&s, &Input::Tick, &s, &[Effect::WipeNode], t.plus_secs(i))
+            .expect("intent");
+        intents.push(start.elapsed().as_secs_f64() * 1000.0);
+        let start = Instant::now();
+        store
+            .finish_step(seq, "ok", t.plus_secs(i))
+            .expect("outcome");
+        outcomes.push(start.elapsed().as_secs_f64() * 1000.0);
+    }
+    let result = json!({
+        "disk": cache.display().to_string(),
+        "intent_commit_ms": median(intents),
+        "outcome_commit_ms": median(outcomes),
+    });
+    eprintln!("footprint: store {result}");
+    result
+}
+
+fn proc_field(pid: u32, file: &str, key: &str) -> f64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/{file}")).expect("/proc/PID");
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{key} in /proc/{pid}/{file}"))
+}
+
+fn rss_mib(pid: u32) -> f64 {
+    proc_field(pid, "status", "VmRSS:") / 1024.0
+}
+
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
+    let rest = &stat[stat.rfind(')').expect("stat's comm") + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    (f[11].parse::<f64>().expect("utime") + f[12].parse::<f64>().expect("stime")) / 100.0
+}
+
+async fn daemon(bin: &Path, idle: Duration) -> Value {
+    let lab = Lab::up_audited();
+    apply_rbac(&lab);
+    create_node_and_machine(&admin(&lab).await, NODE, &[]).await;
+    let kubeconfig = lab.node_kubeconfig(NODE);
+    let work = tempfile::tempdir().expect("tmp");
+    let notify = work.path().join("notify");
+    let socket = UnixDatagram::bind(&notify).expect("the notify socket");
+    socket
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    // Five starts, each on a fresh store: the simulated host lives in the process, so a
+    // daemon can only start on a store it joined itself (the join is in memory and quick).
+    let mut readies = Vec::new();
+    let mut child = None;
+    for run in 0..5 {
+        if let Some(mut previous) = child.take() {
+            stop(&mut previous);
+        }
+        let state = work.path().join(format!("state-{run}/state.db"));
+        let (started, ready) = start(bin, &lab, &state, &kubeconfig, &notify, &socket);
+        readies.push(ready);
+        child = Some(started);
+    }
+    let mut child = child.expect("a daemon");
+    // systemd reads every notification; a full socket would block the daemon's next one.
+    let drain = socket.try_clone().expect("the notify socket");
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        loop {
+            let _ = drain.recv(&mut buf);
+        }
+    });
+    let ready = median(readies.clone());
+    let pid = child.id();
+    eprintln!(
+        "footprint: READY {ready:.0} ms after spawn; idle for {} s",
+        idle.as_secs()
+    );
+    tokio::time::sleep(Duration::from_secs(60).min(idle)).await;
+    let audit = lab.dir.join("logs/audit.log");
+    let window_start = std::fs::metadata(&audit).map(|m| m.len()).unwrap_or(0);
+    let (rss_warm, cpu_start, started) = (rss_mib(pid), cpu_secs(pid), Instant::now());
+    while started.elapsed() < idle.saturating_sub(Duration::from_secs(60)) {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        eprintln!(
+            "footprint: idle {:.0} s, RSS {:.1} MiB",
+            started.elapsed().as_secs_f64() + 60.0,
+            rss_mib(pid)
+        );
+    }
+    let window = started.elapsed().as_secs_f64();
+    let (rss_end, cpu) = (rss_mib(pid), cpu_secs(pid) - cpu_start);
+    let requests = audited_requests(&audit, window_start);
+    stop(&mut child);
+    let non_watch: u64 = requests
+        .iter()
+        .filter(|(k, _)| !k.starts_with("watch "))
+        .map(|(_, n)| n)
+        .sum();
+    json!({
+        "ready_ms": ready,
+        "ready_runs_ms": readies,
+        "rss_mib_after_1min": rss_warm,
+        "rss_mib_idle": rss_end,
+        "idle_window_secs": window,
+        "cpu_secs_per_idle_hour": cpu * 3600.0 / window,
+        "requests_in_window": requests,
+        "non_watch_requests_per_idle_minute": non_watch as f64 * 60.0 / window,
+    })
+}
+
+/// Spawns the daemon; returns it once it sent `READY=1`, with the milliseconds that took.
+fn start(
+    bin: &Path,
+    lab: &Lab,
+    state: &Path,
+    kubeconfig: &Path,
+    notify: &Path,
+    socket: &UnixDatagram,
+) -> (std::process::Child, f64) {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(lab.dir.join("logs/footprint-daemon.log"))
+        .expect("log");
+    let spawned = Instant::now();
+    let mut child = Command::new(bin)
+        .arg("--state")
+        .arg(state)
+        .args(["daemon", "--simulated-host", "--node", NODE, "--kubeconfig"])
+        .arg(kubeconfig)
+        .env("NOTIFY_SOCKET", notify)
+        .stderr(log)
+        .spawn()
+        .expect("start the daemon");
+    let mut buf = [0u8; 4096];
+    loop {
+        match socket.recv(&mut buf) {
+            Ok(n)
+                if String::from_utf8_lossy(&buf[..n])
+                    .lines()
+                    .any(|l| l == "READY=1") =>
+            {
+                return (child, spawned.elapsed().as_secs_f64() * 1000.0);
+            }
+            Ok(_) => {}
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("no READY=1 within 60 s ({e}); see logs/footprint-daemon.log");
+            }
+        }
+    }
+}
+
+/// SIGTERM (the daemon's clean stop), then its exit.
+fn stop(child: &mut std::process::Child) {
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(sent.success(), "kill -TERM {}", child.id());
+    let _ = child.wait();
+}
+
+/// Requests of the agent's identity logged after byte `from` of the audit log, by
+/// `verb resource`: a watch counts when it starts, anything else when it completes.
+fn audited_requests(audit: &Path, from: u64) -> BTreeMap<String, u64> {
+    let text = std::fs::read(audit).expect("the audit log (controlplane up --audit-agents)");
+    let mut by = BTreeMap::new();
+    let user = format!("system:flexnode:{NODE}");
+    for line in String::from_utf8_lossy(&text[from as usize..]).lines() {
+        let Ok(event) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        if event["user"]["username"] != user.as_str() {
+            continue;
+        }
+        let verb = event["verb"].as_str().unwrap_or_default();
+        let counted = if verb == "watch" {
+            "ResponseStarted"
+        } else {
+            "ResponseComplete"
+        };
+        if event["stage"] != counted {
+            continue;
+        }
+        let resource = event["objectRef"]["resource"].as_str().unwrap_or("-");
+        *by.entry(format!("{verb} {resource}")).or_insert(0) += 1;
+    }
+    by
+}

@@ -1,0 +1,144 @@
+//! Staging against the machine's limit (docs/benchmarks.md, "Staging"), never a timed
+//! assertion: `ArchiveFetcher::install` of an agent archive (download over loopback HTTP,
+//! SHA-256 while streaming, gunzip, the tar member checks, write, fsync, rename) against
+//! `sha256sum` of the archive plus `gunzip` of it into a file on the same disk — the work no
+//! stager can skip — alternating, 7 runs each, medians and their ratio.
+//!
+//! `cargo bench --bench staging -- --bin PATH [--out FILE]`: PATH is the binary archived
+//! (`bench/run` gives the stripped debug build, the one the test labs stage). The
+//! archive is served by `python3 -m http.server` on 127.0.0.1, stopped by its PID.
+
+use flexnode::effects::archive::{ArchiveFetcher, member_name};
+use flexnode::machine::agent::{Arch, ArchiveUrl, Sha256Hex};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const RUNS: usize = 7;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1).cloned())
+    };
+    let bin = PathBuf::from(value("--bin").expect("--bin PATH: the binary to archive"));
+    let out = PathBuf::from(value("--out").unwrap_or_else(|| "staging.json".into()));
+    let cache = std::env::var_os("FLEXNODE_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/root/.cache/flexnode"));
+    std::fs::create_dir_all(&cache).expect("the cache directory");
+    // On the cache's disk, as a node's /var/lib would be: not tmpfs.
+    let work = tempfile::tempdir_in(&cache).expect("a work directory");
+    let arch = Arch::from_rust(std::env::consts::ARCH);
+    let member = member_name(arch).expect("a supported architecture");
+    let data = std::fs::read(&bin).expect("the binary");
+    let archive = work.path().join("served/agent.tar.gz");
+    std::fs::create_dir_all(archive.parent().expect("dir")).expect("mkdir");
+    write_archive(&archive, &member, &data);
+    let archive_bytes = std::fs::metadata(&archive).expect("archive").len();
+    let digest = hex::encode(Sha256::digest(std::fs::read(&archive).expect("archive")));
+    let sha = Sha256Hex::parse(&digest).expect("sha256");
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let mut server = Command::new("python3")
+        .args([
+            "-m",
+            "http.server",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+        ])
+        .arg("--directory")
+        .arg(archive.parent().expect("dir"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("python3 -m http.server");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "the HTTP server did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let url: ArchiveUrl =
+        serde_json::from_value(json!(format!("http://127.0.0.1:{port}/agent.tar.gz")))
+            .expect("url");
+
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let fetcher = ArchiveFetcher::new();
+    let (mut staged, mut baseline) = (vec![], vec![]);
+    for run in 0..RUNS {
+        let slot = work.path().join(format!("slot-{run}"));
+        std::fs::create_dir_all(&slot).expect("slot");
+        let start = Instant::now();
+        runtime
+            .block_on(fetcher.install(&url, &sha, arch, &slot))
+            .expect("install");
+        staged.push(start.elapsed().as_secs_f64() * 1000.0);
+        baseline.push(sha256sum_and_gunzip(&archive, &slot.join("gunzipped")));
+        std::fs::remove_dir_all(&slot).expect("clean the slot");
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+    let (staged_ms, baseline_ms) = (median(staged.clone()), median(baseline.clone()));
+    let result = json!({
+        "binary_bytes": data.len(),
+        "archive_bytes": archive_bytes,
+        "install_ms": staged_ms,
+        "install_runs_ms": staged,
+        "sha256sum_gunzip_ms": baseline_ms,
+        "sha256sum_gunzip_runs_ms": baseline,
+        "ratio": staged_ms / baseline_ms,
+    });
+    eprintln!("staging: {result}");
+    std::fs::write(
+        &out,
+        serde_json::to_string_pretty(&result).expect("json") + "\n",
+    )
+    .expect("write the results");
+    println!("staging: results in {}", out.display());
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The release archive's shape: one executable member, gzip at its default level.
+fn write_archive(path: &Path, member: &str, data: &[u8]) {
+    let file = std::fs::File::create(path).expect("create the archive");
+    let gz = flate2::write::GzEncoder::new(file, flate2::Compression::default());
+    let mut tar = tar::Builder::new(gz);
+    let mut header = tar::Header::new_gnu();
+    header.set_size(data.len() as u64);
+    header.set_mode(0o755);
+    header.set_cksum();
+    tar.append_data(&mut header, member, data).expect("append");
+    tar.into_inner().expect("tar").finish().expect("gzip");
+}
+
+/// Milliseconds of `sha256sum ARCHIVE` then `gunzip -c ARCHIVE > OUT`.
+fn sha256sum_and_gunzip(archive: &Path, out: &Path) -> f64 {
+    let start = Instant::now();
+    let sum = Command::new("sha256sum")
+        .arg(archive)
+        .stdout(Stdio::null())
+        .status()
+        .expect("sha256sum");
+    assert!(sum.success(), "sha256sum");
+    let file = std::fs::File::create(out).expect("gunzip's output");
+    let unzip = Command::new("gunzip")
+        .arg("-c")
+        .arg(archive)
+        .stdout(file)
+        .status()
+        .expect("gunzip");
+    assert!(unzip.success(), "gunzip");
+    start.elapsed().as_secs_f64() * 1000.0
+}

@@ -1,0 +1,134 @@
+//! The status publisher against a real kube-apiserver, under the agent's own identity: a write
+//! starts from the copy of the operation the node last saw or wrote, saving the read, and a
+//! stale copy or one of a replaced object is never what decides. The reads are counted from
+//! the API server's audit log.
+
+mod support;
+
+use flexnode::api::MachineOperation;
+use flexnode::api::machine_operation::{MachineOperationSpec, OperationKind, OperationPhase};
+use flexnode::effects::Publisher;
+use flexnode::effects::kube::{KubePublisher, MSG_GONE};
+use flexnode::machine::Timestamp;
+use flexnode::machine::result::{OpResult, ResultReason};
+use flexnode::machine::state::OpRef;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use support::Lab;
+use support::agent::{admin, agent_client, apply_rbac, create_node_and_machine};
+
+const NODE: &str = "pub-0";
+const T: Timestamp = Timestamp::from_millis(1_785_578_400_000);
+
+/// The agent's reads of MachineOperations so far, from the audit log.
+fn reads(lab: &Lab) -> usize {
+    let log = std::fs::read_to_string(lab.dir.join("logs/audit.log")).unwrap_or_default();
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| {
+            e["user"]["username"] == format!("system:flexnode:{NODE}").as_str()
+                && e["verb"] == "get"
+                && e["objectRef"]["resource"] == "machineoperations"
+                && e["stage"] == "ResponseComplete"
+        })
+        .count()
+}
+
+async fn create(api: &Api<MachineOperation>, name: &str) -> (MachineOperation, OpRef) {
+    let op = MachineOperation::new(
+        name,
+        MachineOperationSpec {
+            machine_ref: Some(NODE.into()),
+            operation_kind: OperationKind::NodeReboot,
+            ..Default::default()
+        },
+    );
+    let op = api
+        .create(&PostParams::default(), &op)
+        .await
+        .expect("create");
+    let r = OpRef {
+        name: name.into(),
+        uid: op.metadata.uid.clone().expect("uid"),
+    };
+    (op, r)
+}
+
+fn done() -> OpResult {
+    OpResult {
+        reason: ResultReason::Succeeded,
+        message: "rebooted".into(),
+        started_at: T,
+        machine_generation: 0,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_start_from_the_known_copy_and_a_stale_or_replaced_one_is_read_afresh() {
+    let lab = Lab::up_audited();
+    apply_rbac(&lab);
+    let admin = admin(&lab).await;
+    create_node_and_machine(&admin, NODE, &[]).await;
+    let publisher = KubePublisher::new(agent_client(&lab, NODE).await, NODE);
+    let ops: Api<MachineOperation> = Api::all(admin.clone());
+
+    // As claimed from the watch: the claim and the result are written without a read.
+    let (watched, a) = create(&ops, "op-a").await;
+    publisher.remember(&watched);
+    let before = reads(&lab);
+    publisher
+        .report_progress(&a, "restarting", 0, T)
+        .await
+        .expect("progress");
+    publisher
+        .publish_result(&a, &done(), T.plus_secs(5))
+        .await
+        .expect("result");
+    assert_eq!(reads(&lab) - before, 0, "a known copy saves the reads");
+    let status = ops.get("op-a").await.expect("get").status.expect("status");
+    assert_eq!(status.phase, Some(OperationPhase::Complete));
+
+    // Someone else changed the object after the claim: the write with the stale copy is
+    // refused by its resourceVersion, read afresh, and keeps the other change.
+    let (watched, b) = create(&ops, "op-b").await;
+    publisher.remember(&watched);
+    let label = serde_json::json!({"metadata": {"labels": {"team": "edge"}}});
+    ops.patch("op-b", &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .expect("label");
+    let before = reads(&lab);
+    publisher
+        .report_progress(&b, "restarting", 0, T)
+        .await
+        .expect("progress");
+    assert_eq!(reads(&lab) - before, 1, "one read after the conflict");
+    let now = ops.get("op-b").await.expect("get");
+    assert_eq!(
+        now.status.and_then(|s| s.phase),
+        Some(OperationPhase::InProgress)
+    );
+    assert_eq!(
+        now.metadata
+            .labels
+            .unwrap_or_default()
+            .get("team")
+            .map(String::as_str),
+        Some("edge")
+    );
+
+    // The object was replaced under the same name: the old copy says nothing is to be
+    // written, so the object is read, and the new one is left alone.
+    let (watched, c) = create(&ops, "op-c").await;
+    publisher.remember(&watched);
+    ops.delete("op-c", &DeleteParams::default())
+        .await
+        .expect("delete");
+    let (_, replaced) = create(&ops, "op-c").await;
+    let err = publisher
+        .report_progress(&c, "restarting", 0, T)
+        .await
+        .expect_err("the claimed object is gone");
+    assert!(err.to_string().contains(MSG_GONE), "{err}");
+    let now = ops.get("op-c").await.expect("get");
+    assert_eq!(now.metadata.uid.as_deref(), Some(replaced.uid.as_str()));
+    assert_eq!(now.status.and_then(|s| s.phase), None);
+}
