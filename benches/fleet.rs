@@ -45,6 +45,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::Lab;
 use support::agent::{admin, apply_rbac, create_node_and_machine};
+use support::proc::{cpu_secs, rss_mib};
 
 const TRICKLE_OPS: usize = 100;
 const TRICKLE_EVERY: Duration = Duration::from_millis(100);
@@ -144,28 +145,6 @@ fn pid(lab: &Lab, name: &str) -> u32 {
         .trim()
         .parse()
         .expect("a pid")
-}
-
-/// CPU seconds (user + system) a process has used.
-fn cpu_secs(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
-    // The fields after the command, which is in parentheses and may hold spaces.
-    let rest = &stat[stat.rfind(')').expect("stat's comm") + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f[11].parse::<f64>().expect("utime") + f[12].parse::<f64>().expect("stime");
-    ticks / 100.0 // USER_HZ
-}
-
-/// Resident memory in MiB (`VmRSS`).
-fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/PID/status");
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .expect("VmRSS");
-    kib / 1024.0
 }
 
 /// The API server's resource requests so far, by `verb resource`.

@@ -26,6 +26,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use support::Lab;
 use support::agent::{admin, apply_rbac, create_node_and_machine};
+use support::proc::{cpu_secs, rss_mib};
 
 const NODE: &str = "footprint-0";
 
@@ -126,26 +127,6 @@ fn store_commits() -> Value {
     });
     eprintln!("footprint: store {result}");
     result
-}
-
-fn proc_field(pid: u32, file: &str, key: &str) -> f64 {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/{file}")).expect("/proc/PID");
-    text.lines()
-        .find_map(|l| l.strip_prefix(key))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("{key} in /proc/{pid}/{file}"))
-}
-
-fn rss_mib(pid: u32) -> f64 {
-    proc_field(pid, "status", "VmRSS:") / 1024.0
-}
-
-fn cpu_secs(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
-    let rest = &stat[stat.rfind(')').expect("stat's comm") + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    (f[11].parse::<f64>().expect("utime") + f[12].parse::<f64>().expect("stime")) / 100.0
 }
 
 async fn daemon(bin: &Path, idle: Duration) -> Value {

@@ -6,6 +6,7 @@ pub mod containerd;
 pub mod image;
 pub mod logs;
 pub mod nspawn;
+pub mod proc;
 pub mod suite;
 pub mod tier;
 
