@@ -2,8 +2,7 @@
 """bench/report.py OUT — the tables of docs/benchmarks.md between its `bench/report.py`
 markers, and docs/fleet.png, from what bench/run wrote to OUT (fleet.json, footprint.json,
 staging.json, effects.txt, image/sizes.json; anchor-daemon.json, from
-bench/anchor-daemon.py, and binaries.json, from `benches/footprint.rs --binaries-only`, when
-there are). A file that is missing leaves its table out
+bench/anchor-daemon.py, when there is one). A file that is missing leaves its table out
 with a line saying so; nothing is invented."""
 
 import json
@@ -135,12 +134,10 @@ def plot(rows):
     return None
 
 
-def footprint_table(fp, sizes, binaries, anchor_daemon):
+def footprint_table(fp, sizes, anchor_daemon):
     lines = ["| figure | flexnode | the Go agent | target |", "|---|---|---|---|"]
-    # Binaries measured side by side in a run of their own (`--binaries-only`) take precedence.
-    side = binaries if binaries and binaries.get("anchor") else fp
-    fl = side["flexnode"]
-    anchor = side.get("anchor")
+    fl = fp["flexnode"]
+    anchor = fp.get("anchor")
     a_bytes = anchor["bytes"] if anchor else ANCHOR_BYTES
     a_rss = anchor["version_peak_rss_mib"] if anchor else ANCHOR_VERSION_RSS_MIB
     src = "" if anchor else " (issue 13's figure)"
@@ -235,7 +232,7 @@ def main():
     else:
         body += ["(no fleet.json in this run)", ""]
     body += ["### Footprint", "", "`bench/run` (`cargo bench --bench footprint`, the release build):", ""]
-    body += (footprint_table(fp, sizes, load(out, "binaries.json"), load(out, "anchor-daemon.json"))
+    body += (footprint_table(fp, sizes, load(out, "anchor-daemon.json"))
              if fp else ["(no footprint.json in this run)"])
     body += ["", "### Staging and pulls against the tools", "",
              "`bench/run` (`cargo bench --bench staging`, `cargo bench --bench effects -- pull_10mb`):", ""]

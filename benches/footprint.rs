@@ -9,9 +9,8 @@
 //! - SQLite commit latency (`synchronous=FULL`, WAL) of the store's intent and outcome
 //!   transactions on the disk of `FLEXNODE_CACHE`, 201 of each, medians.
 //!
-//! `cargo bench --bench footprint -- --bin PATH [--anchor PATH] [--idle SECS] [--out FILE]
-//! [--binaries-only]` (`bench/run` runs it with the release build and a 600 s window;
-//! `--binaries-only` measures the two binaries side by side and nothing else).
+//! `cargo bench --bench footprint -- --bin PATH [--anchor PATH] [--idle SECS] [--out FILE]`
+//! (`bench/run` runs it with the release build and a 600 s window).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -48,11 +47,9 @@ fn main() {
     if let Some(anchor) = value("--anchor") {
         results["anchor"] = binary(Path::new(&anchor));
     }
-    if !args.iter().any(|a| a == "--binaries-only") {
-        results["store"] = store_commits();
-        let runtime = tokio::runtime::Runtime::new().expect("runtime");
-        results["daemon"] = runtime.block_on(daemon(&bin, idle));
-    }
+    results["store"] = store_commits();
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    results["daemon"] = runtime.block_on(daemon(&bin, idle));
     let text = serde_json::to_string_pretty(&results).expect("json");
     std::fs::write(&out, text + "\n").expect("write the results");
     println!("footprint: results in {}", out.display());
