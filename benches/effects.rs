@@ -23,6 +23,7 @@ use flexnode::effects::{Containerd, Systemd};
 use flexnode::machine::Timestamp;
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use support::bench::{cache_dir, median};
 use support::containerd::{Flavor, NS, Tier, snapshotter};
 use support::nspawn::Container;
 use support::wait_for;
@@ -32,11 +33,6 @@ fn now() -> Timestamp {
         .duration_since(UNIX_EPOCH)
         .expect("clock after 1970");
     Timestamp::from_millis(i64::try_from(d.as_millis()).expect("ms fit i64"))
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }
 
 fn ms(start: Instant) -> f64 {
@@ -168,13 +164,7 @@ async fn node_image_pull_and_unpack() {
         String::from_utf8_lossy(&out.stderr)
     );
     let digest = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let cache = std::env::var_os("FLEXNODE_CACHE")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            std::path::PathBuf::from(std::env::var_os("HOME").expect("HOME"))
-                .join(".cache/flexnode")
-        });
-    let layout = cache.join("node-image/node-layout");
+    let layout = cache_dir().join("node-image/node-layout");
     let tier = Tier::up(Flavor::V1_6);
     let secure = tier.secure();
     support::image::push(

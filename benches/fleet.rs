@@ -24,13 +24,9 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use flexnode::api::machine_operation::{
-    MachineOperation, MachineOperationSpec, OperationKind, OperationPhase,
-};
-use flexnode::exec::{Clock, SystemClock};
+use flexnode::api::machine_operation::{MachineOperation, OperationPhase};
 use flexnode::machine::agent::InstallMode;
 use flexnode::reconcile::{DaemonConfig, OperationWatch, WatchCounters, client_from_kubeconfig};
-use flexnode::sim::SimNode;
 use futures::StreamExt;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -44,7 +40,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::Lab;
-use support::agent::{admin, apply_rbac, create_node_and_machine};
+use support::agent::{Agent, admin, apply_rbac, create_node_and_machine, node_reboot};
+use support::bench::flag;
 use support::proc::{cpu_secs, rss_mib};
 
 const TRICKLE_OPS: usize = 100;
@@ -56,18 +53,12 @@ fn main() {
         agents(&strategy);
         return;
     }
-    let args: Vec<String> = std::env::args().collect();
-    let value = |flag: &str| {
-        args.iter()
-            .position(|a| a == flag)
-            .and_then(|i| args.get(i + 1).cloned())
-    };
-    let nodes: Vec<usize> = value("--nodes")
+    let nodes: Vec<usize> = flag("--nodes")
         .unwrap_or_else(|| "1,10,100,1000".into())
         .split(',')
         .map(|n| n.parse().expect("--nodes wants numbers: 1,10,100,1000"))
         .collect();
-    let out = PathBuf::from(value("--out").unwrap_or_else(|| "fleet.json".into()));
+    let out = PathBuf::from(flag("--out").unwrap_or_else(|| "fleet.json".into()));
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(drive(&nodes, &out));
     println!("fleet: results in {}", out.display());
@@ -354,14 +345,7 @@ impl Run<'_> {
                                 tokio::time::sleep(Duration::from_millis(10)).await;
                             }
                         }
-                        let op = MachineOperation::new(
-                            name,
-                            MachineOperationSpec {
-                                machine_ref: Some(node.clone()),
-                                operation_kind: OperationKind::NodeReboot,
-                                ..Default::default()
-                            },
-                        );
+                        let op = node_reboot(name, node);
                         let sent = Instant::now();
                         let mut attempts = 0;
                         loop {
@@ -587,18 +571,23 @@ fn agents(strategy: &str) {
         assert_eq!(next(), "start");
         let list = std::fs::read_to_string(dir.join("agents")).expect("the agent list");
         let started = Instant::now();
-        let mut counters = Vec::new();
+        let (mut counters, mut fleet) = (Vec::new(), Vec::new());
         for line in list.lines() {
             let (name, kubeconfig) = line.split_once(' ').expect("NAME KUBECONFIG");
-            let c = Arc::new(WatchCounters::default());
-            counters.push(c.clone());
-            start_agent(&dir, name, Path::new(kubeconfig), strategy, c).await;
+            let client = client_from_kubeconfig(Path::new(kubeconfig))
+                .await
+                .expect("the agent's client");
+            let config = DaemonConfig {
+                node_name: name.to_owned(),
+                tick: Duration::from_secs(2),
+                operations: strategy,
+                counters: Arc::new(WatchCounters::default()),
+            };
+            counters.push(config.counters.clone());
+            let store = tempfile::tempdir_in(&dir).expect("the agent's directory");
+            fleet.push(Agent::join_with(client, store, InstallMode::Host, config).await);
         }
-        let want = strategy.watches();
-        while counters
-            .iter()
-            .any(|c| c.lists.load(Ordering::Relaxed) < want)
-        {
+        while !counters.iter().all(|c| c.synced()) {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         println!("synced {:.1}", started.elapsed().as_secs_f64());
@@ -612,46 +601,4 @@ fn agents(strategy: &str) {
         }
     });
     std::process::exit(0);
-}
-
-async fn start_agent(
-    dir: &Path,
-    name: &str,
-    kubeconfig: &Path,
-    operations: OperationWatch,
-    counters: Arc<WatchCounters>,
-) {
-    let client = client_from_kubeconfig(kubeconfig)
-        .await
-        .expect("the agent's client");
-    let store = dir.join(format!("{name}/state.db"));
-    let mut sim = SimNode::new(&store, SystemClock.now());
-    sim.join(InstallMode::Host, name).await.expect("join");
-    sim.stop_process();
-    let mut host = sim.host.clone();
-    host.set_time_source(|| SystemClock.now());
-    let (running, _) = host.selected_build().expect("an agent build");
-    host.agent_started();
-    let config = DaemonConfig {
-        node_name: name.to_owned(),
-        tick: Duration::from_secs(2),
-        operations,
-        counters,
-    };
-    tokio::spawn(async move {
-        let runner = flexnode::cli::wiring::daemon_runner(
-            &store,
-            &config.node_name,
-            client.clone(),
-            (host.clone(), host.clone(), host.clone()),
-            Default::default(),
-        )
-        .await
-        .expect("the daemon's store");
-        if let Err(e) =
-            flexnode::reconcile::run(config, client, runner, running, std::future::pending()).await
-        {
-            eprintln!("agent stopped: {e}");
-        }
-    });
 }

@@ -18,33 +18,27 @@ mod support;
 use flexnode::machine::{Effect, Input, NodeState, Timestamp};
 use flexnode::store::Store;
 use serde_json::{Value, json};
-use std::collections::BTreeMap;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use support::Lab;
 use support::agent::{admin, apply_rbac, create_node_and_machine};
+use support::bench::{cache_dir, flag, median};
 use support::proc::{cpu_secs, rss_mib};
 
 const NODE: &str = "footprint-0";
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let value = |flag: &str| {
-        args.iter()
-            .position(|a| a == flag)
-            .and_then(|i| args.get(i + 1).cloned())
-    };
-    let bin = PathBuf::from(value("--bin").expect("--bin PATH: the flexnode binary to measure"));
+    let bin = PathBuf::from(flag("--bin").expect("--bin PATH: the flexnode binary to measure"));
     let idle = Duration::from_secs(
-        value("--idle")
+        flag("--idle")
             .map(|s| s.parse().expect("--idle SECS"))
             .unwrap_or(600),
     );
-    let out = PathBuf::from(value("--out").unwrap_or_else(|| "footprint.json".into()));
+    let out = PathBuf::from(flag("--out").unwrap_or_else(|| "footprint.json".into()));
     let mut results = json!({ "flexnode": binary(&bin) });
-    if let Some(anchor) = value("--anchor") {
+    if let Some(anchor) = flag("--anchor") {
         results["anchor"] = binary(Path::new(&anchor));
     }
     results["store"] = store_commits();
@@ -53,11 +47,6 @@ fn main() {
     let text = serde_json::to_string_pretty(&results).expect("json");
     std::fs::write(&out, text + "\n").expect("write the results");
     println!("footprint: results in {}", out.display());
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// Size, and `version` under GNU time (`%M`: peak RSS in KiB).
@@ -96,10 +85,7 @@ fn binary(bin: &Path) -> Value {
 
 /// The store's two transactions of every effectful step, each its own fsync'd commit.
 fn store_commits() -> Value {
-    let cache = std::env::var_os("FLEXNODE_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/root/.cache/flexnode"));
-    std::fs::create_dir_all(&cache).expect("the cache directory");
+    let cache = cache_dir();
     let dir = tempfile::tempdir_in(&cache).expect("a directory on the cache's disk");
     let mut store = Store::open(&dir.path().join("flexnode/state.db")).expect("open");
     let s = NodeState::default();
@@ -166,8 +152,7 @@ async fn daemon(bin: &Path, idle: Duration) -> Value {
         idle.as_secs()
     );
     tokio::time::sleep(Duration::from_secs(60).min(idle)).await;
-    let audit = lab.dir.join("logs/audit.log");
-    let window_start = std::fs::metadata(&audit).map(|m| m.len()).unwrap_or(0);
+    let window_start = lab.audit_len();
     let (rss_warm, cpu_start, started) = (rss_mib(pid), cpu_secs(pid), Instant::now());
     while started.elapsed() < idle.saturating_sub(Duration::from_secs(60)) {
         tokio::time::sleep(Duration::from_secs(60)).await;
@@ -179,7 +164,7 @@ async fn daemon(bin: &Path, idle: Duration) -> Value {
     }
     let window = started.elapsed().as_secs_f64();
     let (rss_end, cpu) = (rss_mib(pid), cpu_secs(pid) - cpu_start);
-    let requests = audited_requests(&audit, window_start);
+    let requests = lab.audited(&format!("system:flexnode:{NODE}"), window_start);
     stop(&mut child);
     let non_watch: u64 = requests
         .iter()
@@ -250,32 +235,4 @@ fn stop(child: &mut std::process::Child) {
         .expect("kill");
     assert!(sent.success(), "kill -TERM {}", child.id());
     let _ = child.wait();
-}
-
-/// Requests of the agent's identity logged after byte `from` of the audit log, by
-/// `verb resource`: a watch counts when it starts, anything else when it completes.
-fn audited_requests(audit: &Path, from: u64) -> BTreeMap<String, u64> {
-    let text = std::fs::read(audit).expect("the audit log (controlplane up --audit-agents)");
-    let mut by = BTreeMap::new();
-    let user = format!("system:flexnode:{NODE}");
-    for line in String::from_utf8_lossy(&text[from as usize..]).lines() {
-        let Ok(event) = serde_json::from_str::<Value>(line) else {
-            continue;
-        };
-        if event["user"]["username"] != user.as_str() {
-            continue;
-        }
-        let verb = event["verb"].as_str().unwrap_or_default();
-        let counted = if verb == "watch" {
-            "ResponseStarted"
-        } else {
-            "ResponseComplete"
-        };
-        if event["stage"] != counted {
-            continue;
-        }
-        let resource = event["objectRef"]["resource"].as_str().unwrap_or("-");
-        *by.entry(format!("{verb} {resource}")).or_insert(0) += 1;
-    }
-    by
 }

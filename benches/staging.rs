@@ -8,6 +8,9 @@
 //! (`bench/run` gives the stripped debug build, the one the test labs stage). The
 //! archive is served by `python3 -m http.server` on 127.0.0.1, stopped by its PID.
 
+#[path = "../tests/support/mod.rs"]
+mod support;
+
 use flexnode::effects::archive::{ArchiveFetcher, member_name};
 use flexnode::machine::agent::{Arch, ArchiveUrl, Sha256Hex};
 use serde_json::json;
@@ -15,24 +18,15 @@ use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use support::bench::{cache_dir, flag, median};
 
 const RUNS: usize = 7;
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let value = |flag: &str| {
-        args.iter()
-            .position(|a| a == flag)
-            .and_then(|i| args.get(i + 1).cloned())
-    };
-    let bin = PathBuf::from(value("--bin").expect("--bin PATH: the binary to archive"));
-    let out = PathBuf::from(value("--out").unwrap_or_else(|| "staging.json".into()));
-    let cache = std::env::var_os("FLEXNODE_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/root/.cache/flexnode"));
-    std::fs::create_dir_all(&cache).expect("the cache directory");
+    let bin = PathBuf::from(flag("--bin").expect("--bin PATH: the binary to archive"));
+    let out = PathBuf::from(flag("--out").unwrap_or_else(|| "staging.json".into()));
     // On the cache's disk, as a node's /var/lib would be: not tmpfs.
-    let work = tempfile::tempdir_in(&cache).expect("a work directory");
+    let work = tempfile::tempdir_in(cache_dir()).expect("a work directory");
     let arch = Arch::from_rust(std::env::consts::ARCH);
     let member = member_name(arch).expect("a supported architecture");
     let data = std::fs::read(&bin).expect("the binary");
@@ -103,11 +97,6 @@ fn main() {
     )
     .expect("write the results");
     println!("staging: results in {}", out.display());
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// The release archive's shape: one executable member, gzip at its default level.

@@ -6,7 +6,7 @@
 mod support;
 
 use flexnode::api::MachineOperation;
-use flexnode::api::machine_operation::{MachineOperationSpec, OperationKind, OperationPhase};
+use flexnode::api::machine_operation::OperationPhase;
 use flexnode::effects::Publisher;
 use flexnode::effects::kube::{KubePublisher, MSG_GONE};
 use flexnode::machine::Timestamp;
@@ -14,36 +14,20 @@ use flexnode::machine::result::{OpResult, ResultReason};
 use flexnode::machine::state::OpRef;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use support::Lab;
-use support::agent::{admin, agent_client, apply_rbac, create_node_and_machine};
+use support::agent::{admin, agent_client, apply_rbac, create_node_and_machine, node_reboot};
 
 const NODE: &str = "pub-0";
 const T: Timestamp = Timestamp::from_millis(1_785_578_400_000);
 
 /// The agent's reads of MachineOperations so far, from the audit log.
-fn reads(lab: &Lab) -> usize {
-    let log = std::fs::read_to_string(lab.dir.join("logs/audit.log")).unwrap_or_default();
-    log.lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|e| {
-            e["user"]["username"] == format!("system:flexnode:{NODE}").as_str()
-                && e["verb"] == "get"
-                && e["objectRef"]["resource"] == "machineoperations"
-                && e["stage"] == "ResponseComplete"
-        })
-        .count()
+fn reads(lab: &Lab) -> u64 {
+    let by = lab.audited(&format!("system:flexnode:{NODE}"), 0);
+    by.get("get machineoperations").copied().unwrap_or(0)
 }
 
 async fn create(api: &Api<MachineOperation>, name: &str) -> (MachineOperation, OpRef) {
-    let op = MachineOperation::new(
-        name,
-        MachineOperationSpec {
-            machine_ref: Some(NODE.into()),
-            operation_kind: OperationKind::NodeReboot,
-            ..Default::default()
-        },
-    );
     let op = api
-        .create(&PostParams::default(), &op)
+        .create(&PostParams::default(), &node_reboot(name, NODE))
         .await
         .expect("create");
     let r = OpRef {

@@ -15,6 +15,7 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, Preconditions};
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -130,6 +131,9 @@ where
         tx,
         counters.clone(),
     ));
+    counters
+        .watches
+        .store(tasks.len() as u64, Ordering::Relaxed);
     let _abort = AbortOnDrop(tasks.iter().map(|t| t.abort_handle()).collect());
     let mut tick = tokio::time::interval(config.tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -29,16 +29,6 @@ pub enum OperationWatch {
     All,
 }
 
-impl OperationWatch {
-    /// How many watches the daemon runs: each reports one list before it is in sync.
-    pub fn watches(self) -> u64 {
-        match self {
-            Self::Selected => 4,
-            Self::All => 3,
-        }
-    }
-}
-
 /// What the watches received since the daemon started.
 #[derive(Debug, Default)]
 pub struct WatchCounters {
@@ -46,6 +36,16 @@ pub struct WatchCounters {
     pub operation_events: AtomicU64,
     /// Lists (and re-lists) completed, by every watch.
     pub lists: AtomicU64,
+    /// The watches the daemon started.
+    pub watches: AtomicU64,
+}
+
+impl WatchCounters {
+    /// Every watch has listed once.
+    pub fn synced(&self) -> bool {
+        let watches = self.watches.load(Ordering::Relaxed);
+        watches > 0 && self.lists.load(Ordering::Relaxed) >= watches
+    }
 }
 
 fn count(counter: &AtomicU64) {

@@ -3,7 +3,9 @@
 
 use super::Lab;
 use flexnode::api::Machine;
+use flexnode::api::MachineOperation;
 use flexnode::api::machine::{KubernetesSpec, MachineSpec};
+use flexnode::api::machine_operation::{MachineOperationSpec, OperationKind};
 use flexnode::exec::Clock;
 use flexnode::machine::Timestamp;
 use flexnode::machine::agent::InstallMode;
@@ -23,6 +25,7 @@ pub struct Agent {
     pub store: PathBuf,
     pub host: SimHost,
     client: Client,
+    config: DaemonConfig,
     task: Option<tokio::task::JoinHandle<Result<(), flexnode::reconcile::owner::DaemonError>>>,
     _dir: tempfile::TempDir,
 }
@@ -30,19 +33,35 @@ pub struct Agent {
 impl Agent {
     /// Joins (simulated host) and starts the daemon.
     pub async fn join(lab: &Lab, name: &str, mode: InstallMode) -> Self {
-        let client = agent_client(lab, name).await;
+        let config = DaemonConfig {
+            node_name: name.into(),
+            tick: Duration::from_millis(300),
+            ..Default::default()
+        };
         let dir = tempfile::tempdir().expect("tmp");
+        Self::join_with(agent_client(lab, name).await, dir, mode, config).await
+    }
+
+    /// The same with this client, its store in `dir`, and the daemon run as `config` says.
+    pub async fn join_with(
+        client: Client,
+        dir: tempfile::TempDir,
+        mode: InstallMode,
+        config: DaemonConfig,
+    ) -> Self {
+        let name = config.node_name.clone();
         let store = dir.path().join("state/state.db");
         let mut sim = SimNode::new(&store, Timestamp::from_millis(1_785_578_400_000));
-        sim.join(mode, name).await.expect("join");
+        sim.join(mode, &name).await.expect("join");
         // The daemon runs on the wall clock: so does the simulated host from now on.
         let mut host = sim.host.clone();
         host.set_time_source(|| flexnode::exec::SystemClock.now());
         let mut agent = Self {
-            name: name.into(),
+            name,
             store,
             host,
             client,
+            config,
             task: None,
             _dir: dir,
         };
@@ -54,11 +73,7 @@ impl Agent {
     pub fn start(&mut self) {
         let (running, _) = self.host.selected_build().expect("an agent is selected");
         self.host.agent_started();
-        let config = DaemonConfig {
-            node_name: self.name.clone(),
-            tick: Duration::from_millis(300),
-            ..Default::default()
-        };
+        let config = self.config.clone();
         let (client, host, store) = (self.client.clone(), self.host.clone(), self.store.clone());
         self.task = Some(tokio::spawn(async move {
             let runner = flexnode::cli::wiring::daemon_runner(
@@ -131,6 +146,18 @@ pub async fn admin(lab: &Lab) -> Client {
     client_from_kubeconfig(&lab.kubeconfig())
         .await
         .expect("admin client")
+}
+
+/// A NodeReboot addressed to `node` by name.
+pub fn node_reboot(name: &str, node: &str) -> MachineOperation {
+    MachineOperation::new(
+        name,
+        MachineOperationSpec {
+            machine_ref: Some(node.into()),
+            operation_kind: OperationKind::NodeReboot,
+            ..Default::default()
+        },
+    )
 }
 
 pub async fn create_node_and_machine(client: &Client, name: &str, labels: &[(&str, &str)]) {

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod agent;
+pub mod bench;
 pub mod containerd;
 pub mod image;
 pub mod logs;
@@ -72,6 +73,39 @@ impl Lab {
     /// The admin kubeconfig.
     pub fn kubeconfig(&self) -> PathBuf {
         self.dir.join("admin.kubeconfig")
+    }
+
+    fn audit_log(&self) -> PathBuf {
+        self.dir.join("logs/audit.log")
+    }
+
+    /// The audit log's length (`up_audited`): where a window of [`Lab::audited`] starts.
+    pub fn audit_len(&self) -> u64 {
+        std::fs::metadata(self.audit_log()).map_or(0, |m| m.len())
+    }
+
+    /// Requests of `user` logged after byte `from` of the audit log, by `verb resource`: a
+    /// watch counts when it starts, anything else when it completes.
+    pub fn audited(&self, user: &str, from: u64) -> std::collections::BTreeMap<String, u64> {
+        let text = std::fs::read(self.audit_log()).expect("the audit log (Lab::up_audited)");
+        let mut by = std::collections::BTreeMap::new();
+        for line in String::from_utf8_lossy(&text[from as usize..]).lines() {
+            let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            let verb = event["verb"].as_str().unwrap_or_default();
+            let counted = if verb == "watch" {
+                "ResponseStarted"
+            } else {
+                "ResponseComplete"
+            };
+            if event["user"]["username"] != user || event["stage"] != counted {
+                continue;
+            }
+            let resource = event["objectRef"]["resource"].as_str().unwrap_or("-");
+            *by.entry(format!("{verb} {resource}")).or_insert(0) += 1;
+        }
+        by
     }
 
     /// A client certificate for `system:flexnode:<node>` in group `flexnode:agents`.
