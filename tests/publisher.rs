@@ -107,11 +107,17 @@ async fn writes_start_from_the_known_copy_and_a_stale_or_replaced_one_is_read_af
         .await
         .expect("delete");
     let (_, replaced) = create(&ops, "op-c").await;
+    let before = reads(&lab);
     let err = publisher
         .report_progress(&c, "restarting", 0, T)
         .await
         .expect_err("the claimed object is gone");
     assert!(err.to_string().contains(MSG_GONE), "{err}");
+    assert_eq!(
+        reads(&lab) - before,
+        1,
+        "the copy's skip is confirmed by a read"
+    );
     let now = ops.get("op-c").await.expect("get");
     assert_eq!(now.metadata.uid.as_deref(), Some(replaced.uid.as_str()));
     assert_eq!(now.status.and_then(|s| s.phase), None);
