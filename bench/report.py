@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench/report.py OUT — the tables of docs/benchmarks.md between its `bench/report.py`
 markers, and docs/fleet.png, from what bench/run wrote to OUT (fleet.json, footprint.json,
-staging.json, effects.txt, image/sizes.json; anchor-daemon.json, from
+handoff.json, staging.json, tcg-staging.json, effects.txt, image/sizes.json; anchor-daemon.json, from
 bench/anchor-daemon.py, when there is one). A file that is missing leaves its table out
 with a line saying so; nothing is invented."""
 
@@ -198,13 +198,38 @@ def pull_rows(text):
     return lines
 
 
-def staging_table(st, effects):
+def handoff_table(h):
+    def row(what, key, target=None):
+        v = h[key]["median_ms"]
+        runs = h[key]["runs_ms"]
+        t = f"≤ {target} ms: {verdict(v <= target)}" if target else ""
+        return f"| {what} | **{v:.1f} ms** ({min(runs):.1f}–{max(runs):.1f}) | {t} |"
+    return ["| figure (median of %d upgrades) | result (range) | target |" % h["runs"], "|---|---|---|",
+            row("**hand-off gap**: old daemon exited (`Deactivated successfully`) → new daemon ready (`Started`)", "gap", 300),
+            row("**claim → Complete excluding staging**: `Switching` → new daemon ready", "after_staging"),
+            row("— switch (`current` link, `last-good`) and the restart timer scheduled", "switch"),
+            row("— the restart timer (delay, accuracy, the transient service's `busctl` calls) until systemd stops the old daemon", "timer"),
+            row("— the old daemon's stop (SIGTERM → exit)", "stop"),
+            row("— the new daemon's start: exec → its first line (configuration, TLS client, D-Bus, store)", "start"),
+            row("— the judgement (`DaemonStarted`)", "judge"),
+            row("— the result published → `READY=1` (`Started`)", "publish"),
+            row(f"staging ({h['archive_bytes'] / 1e6:.1f} MB archive, {h['binary_bytes'] / 1e6:.1f} MB binary; "
+                "from loopback, the container's tmpfs)", "staging")]
+
+
+def staging_table(st, tcg, effects):
     lines = ["| figure | result | ratio | target |", "|---|---|---|---|"]
     if st:
         r = st["ratio"]
         lines.append(f"| staging of a {st['archive_bytes'] / 1e6:.1f} MB archive ({st['binary_bytes'] / 1e6:.1f} MB binary), "
                      f"native: `ArchiveFetcher::install` against `sha256sum` + `gunzip` | {st['install_ms']:.0f} ms against "
                      f"{st['sha256sum_gunzip_ms']:.0f} ms | {r:.2f}× | ≤ 1.3×: {verdict(r <= 1.3)} |")
+    for which, b in sorted((tcg or {}).get("by_archive", {}).items()):
+        r = b["ratio"]
+        lines.append(f"| staging of a {b['archive_bytes'] / 1e6:.1f} MB archive ({b['binary_bytes'] / 1e6:.1f} MB binary, "
+                     f"the {which} build), QEMU/TCG guest: an AgentUpgrade's claim → `Switching` (download included) against "
+                     f"`sha256sum` + `tar -xzf` + `sync` + `version` in the same guest (median of {b['runs']}) | "
+                     f"{b['staging_ms']:.0f} ms against {b['baseline_ms']:.0f} ms | {r:.2f}× | ≤ 1.3×: {verdict(r <= 1.3)} |")
     if effects:
         lines += pull_rows(effects)
     return lines
@@ -217,6 +242,7 @@ def main():
     fleet = load(out, "fleet.json")
     fp = load(out, "footprint.json")
     st = load(out, "staging.json")
+    handoff = load(out, "handoff.json")
     sizes = load(out, "image/sizes.json")
     effects_path = os.path.join(out, "effects.txt")
     effects = open(effects_path).read() if os.path.exists(effects_path) else None
@@ -234,9 +260,14 @@ def main():
     body += ["### Footprint", "", "`bench/run` (`cargo bench --bench footprint`, the release build):", ""]
     body += (footprint_table(fp, sizes, load(out, "anchor-daemon.json"))
              if fp else ["(no footprint.json in this run)"])
+    body += ["", "### Hand-off at native speed", "",
+             "`bench/run` (`cargo bench --bench handoff`, the release build joined as a host install in a "
+             "booted nspawn container, real systemd 252, moments from its journal):", ""]
+    body += handoff_table(handoff) if handoff else ["(no handoff.json in this run)"]
     body += ["", "### Staging and pulls against the tools", "",
-             "`bench/run` (`cargo bench --bench staging`, `cargo bench --bench effects -- pull_10mb`):", ""]
-    body += staging_table(st, effects)
+             "`bench/run` (`cargo bench --bench staging`, `bench/tcg-staging.py` in a QEMU/TCG lab, "
+             "`cargo bench --bench effects -- pull_10mb`):", ""]
+    body += staging_table(st, load(out, "tcg-staging.json"), effects)
     body += ["", END]
 
     with open(DOC) as f:

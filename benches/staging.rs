@@ -11,13 +11,13 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use flexnode::effects::archive::{ArchiveFetcher, member_name};
+use flexnode::effects::archive::ArchiveFetcher;
 use flexnode::machine::agent::{Arch, ArchiveUrl, Sha256Hex};
 use serde_json::json;
-use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
+use support::artifacts::{Served, write_archive};
 use support::bench::{cache_dir, flag, median};
 
 const RUNS: usize = 7;
@@ -28,41 +28,15 @@ fn main() {
     // On the cache's disk, as a node's /var/lib would be: not tmpfs.
     let work = tempfile::tempdir_in(cache_dir()).expect("a work directory");
     let arch = Arch::from_rust(std::env::consts::ARCH);
-    let member = member_name(arch).expect("a supported architecture");
     let data = std::fs::read(&bin).expect("the binary");
     let archive = work.path().join("served/agent.tar.gz");
     std::fs::create_dir_all(archive.parent().expect("dir")).expect("mkdir");
-    write_archive(&archive, &member, &data);
+    let digest = write_archive(&archive, &data);
     let archive_bytes = std::fs::metadata(&archive).expect("archive").len();
-    let digest = hex::encode(Sha256::digest(std::fs::read(&archive).expect("archive")));
     let sha = Sha256Hex::parse(&digest).expect("sha256");
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let mut server = Command::new("python3")
-        .args([
-            "-m",
-            "http.server",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-        ])
-        .arg("--directory")
-        .arg(archive.parent().expect("dir"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("python3 -m http.server");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "the HTTP server did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let url: ArchiveUrl =
-        serde_json::from_value(json!(format!("http://127.0.0.1:{port}/agent.tar.gz")))
-            .expect("url");
+    let server = Served::dir(archive.parent().expect("dir"));
+    let url: ArchiveUrl = serde_json::from_value(json!(server.url("agent.tar.gz"))).expect("url");
 
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let fetcher = ArchiveFetcher::new();
@@ -78,8 +52,7 @@ fn main() {
         baseline.push(sha256sum_and_gunzip(&archive, &slot.join("gunzipped")));
         std::fs::remove_dir_all(&slot).expect("clean the slot");
     }
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server);
     let (staged_ms, baseline_ms) = (median(staged.clone()), median(baseline.clone()));
     let result = json!({
         "binary_bytes": data.len(),
@@ -97,19 +70,6 @@ fn main() {
     )
     .expect("write the results");
     println!("staging: results in {}", out.display());
-}
-
-/// The release archive's shape: one executable member, gzip at its default level.
-fn write_archive(path: &Path, member: &str, data: &[u8]) {
-    let file = std::fs::File::create(path).expect("create the archive");
-    let gz = flate2::write::GzEncoder::new(file, flate2::Compression::default());
-    let mut tar = tar::Builder::new(gz);
-    let mut header = tar::Header::new_gnu();
-    header.set_size(data.len() as u64);
-    header.set_mode(0o755);
-    header.set_cksum();
-    tar.append_data(&mut header, member, data).expect("append");
-    tar.into_inner().expect("tar").finish().expect("gzip");
 }
 
 /// Milliseconds of `sha256sum ARCHIVE` then `gunzip -c ARCHIVE > OUT`.

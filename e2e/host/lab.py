@@ -583,36 +583,47 @@ class SuiteBase:
 
     def measure_upgrade(self, name, since):
         """Hand-off gap and claim -> Complete from the guest journal (docs/benchmarks.md)."""
-        rc, out, _ = self.lab.ssh("journalctl --no-pager -o json -u flexnode-agent --since @%d" % since, 120)
-        if rc != 0:
-            return
-        ev = []
-        for line in out.splitlines():
-            try:
-                j = json.loads(line)
-            except ValueError:
-                continue
-            msg = j.get("MESSAGE")
-            if isinstance(msg, str):
-                ev.append((int(j["__REALTIME_TIMESTAMP"]) / 1e6, re.sub(r"\x1b\[[0-9;]*m", "", msg)))
-
-        def first(pred, after=0.0):
-            return next((t for t, m in ev if t >= after and pred(m)), None)
-        claim = first(lambda m: "transition" in m and "OperationClaimed(AgentUpgrade %s)" % name in m)
-        staged = first(lambda m: "transition" in m and "to=Upgrading/Switching" in m, claim or 0)
-        exited = first(lambda m: m.startswith("flexnode-agent.service: Deactivated successfully"), staged or 0)
-        # The new daemon judges the hand-off and publishes the result before it tells systemd
-        # it is ready, so `Started` marks both the end of the gap and the published result.
-        ready = first(lambda m: m.startswith("Started flexnode-agent.service"), exited or 0)
-        if None in (claim, staged, exited, ready):
+        m = upgrade_moments(self.lab, name, since)
+        if m is None:
             detail("measure: journal incomplete for %s" % name)
             return
         print("measure: %s hand-off gap %.0f ms (old daemon exited -> new daemon ready); "
               "claim -> Complete %.0f ms, of which staging (download+verify+unpack+version) %.0f ms, "
-              "excluding staging %.0f ms" % (name, (ready - exited) * 1e3, (ready - claim) * 1e3,
-                                             (staged - claim) * 1e3, (ready - staged) * 1e3),
+              "excluding staging %.0f ms" % (name, (m["ready"] - m["exited"]) * 1e3,
+                                             (m["ready"] - m["claim"]) * 1e3,
+                                             (m["staged"] - m["claim"]) * 1e3,
+                                             (m["ready"] - m["staged"]) * 1e3),
               flush=True)
 
+
+def upgrade_moments(lab, name, since):
+    """The moments (unix seconds) of AgentUpgrade `name` in the guest's journal since `since`:
+    claim, staged (Switching), exited (old daemon), ready (new daemon's `Started`); None
+    while the journal does not show them all."""
+    rc, out, _ = lab.ssh("journalctl --no-pager -o json -u flexnode-agent --since @%d" % since, 120)
+    if rc != 0:
+        return None
+    ev = []
+    for line in out.splitlines():
+        try:
+            j = json.loads(line)
+        except ValueError:
+            continue
+        msg = j.get("MESSAGE")
+        if isinstance(msg, str):
+            ev.append((int(j["__REALTIME_TIMESTAMP"]) / 1e6, re.sub(r"\x1b\[[0-9;]*m", "", msg)))
+
+    def first(pred, after=0.0):
+        return next((t for t, m in ev if t >= after and pred(m)), None)
+    claim = first(lambda m: "transition" in m and "OperationClaimed(AgentUpgrade %s)" % name in m)
+    staged = first(lambda m: "transition" in m and "to=Upgrading/Switching" in m, claim or 0)
+    exited = first(lambda m: m.startswith("flexnode-agent.service: Deactivated successfully"), staged or 0)
+    # The new daemon judges the hand-off and publishes the result before it tells systemd
+    # it is ready, so `Started` marks both the end of the gap and the published result.
+    ready = first(lambda m: m.startswith("Started flexnode-agent.service"), exited or 0)
+    if None in (claim, staged, exited, ready):
+        return None
+    return {"claim": claim, "staged": staged, "exited": exited, "ready": ready}
 
 
 def show_guest(lab, script, last=50):

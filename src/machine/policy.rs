@@ -15,7 +15,9 @@ pub struct Policy {
     pub publish_secs: i64,
     /// How many times an AgentReset tries to publish its result before uninstalling anyway.
     pub publish_attempts: u32,
-    /// Delay of the transient restart timer (`AccuracyUSec=100ms` makes it prompt).
+    /// Delay of the transient restart timer that ends the old daemon: long enough for its
+    /// last commit (the restart's outcome, under a millisecond natively); a restart that
+    /// comes sooner is found by the new daemon's probe (src/exec/apply.rs), not repeated.
     pub restart_delay_ms: u64,
 }
 
@@ -32,7 +34,7 @@ impl Default for Policy {
             reset_secs: 600,
             publish_secs: 120,
             publish_attempts: 5,
-            restart_delay_ms: 1000,
+            restart_delay_ms: 100,
         }
     }
 }

@@ -18,6 +18,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+/// The tick of a daemon with nothing waiting on time (each tick costs store reads): it
+/// still feeds the watchdog (`WatchdogSec=300s`) and retries what failed quietly.
+const IDLE_TICK: Duration = Duration::from_secs(60);
 
 #[derive(Clone, Debug)]
 pub struct DaemonConfig {
@@ -135,26 +140,33 @@ where
         .watches
         .store(tasks.len() as u64, Ordering::Relaxed);
     let _abort = AbortOnDrop(tasks.iter().map(|t| t.abort_handle()).collect());
-    let mut tick = tokio::time::interval(config.tick);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut next_tick = Instant::now() + config.tick;
     tokio::pin!(shutdown);
     loop {
-        tokio::select! {
+        let ticked = tokio::select! {
             () = &mut shutdown => break,
             msg = rx.recv() => match msg {
-                Some(msg) => owner.handle(msg).await?,
+                Some(msg) => {
+                    owner.handle(msg).await?;
+                    false
+                }
                 None => break,
             },
-            _ = tick.tick() => {
+            () = tokio::time::sleep_until(next_tick) => {
                 owner.tick().await?;
                 notify(sd_notify::NotifyState::Watchdog);
+                true
             }
-        }
+        };
+        let state = owner.runner.state()?;
         // After a reset the agent's units are gone; so is the daemon.
-        if matches!(owner.runner.state()?, NodeState::Unjoined { .. }) {
+        if matches!(state, NodeState::Unjoined { .. }) {
             tracing::info!("the node was reset; the daemon stops");
             break;
         }
+        // A message can only bring the next tick closer (new work), never push it away.
+        let due = Instant::now() + owner.tick_in(&state, config.tick)?;
+        next_tick = if ticked { due } else { next_tick.min(due) };
     }
     notify(sd_notify::NotifyState::Stopping);
     owner.runner.store.checkpoint()?;
@@ -215,6 +227,39 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
                 self.claim_waiting().await
             }
         }
+    }
+
+    /// How soon the next tick is due: after `tick` while anything waits on time (a state's
+    /// deadline, the outbox, a claim, a goal not applied yet); otherwise at the next TTL
+    /// expiry, at most [`IDLE_TICK`] away. Watch events still wake the daemon at once.
+    fn tick_in(&self, state: &NodeState, tick: Duration) -> Result<Duration, DaemonError> {
+        let applied = state.node().map(|n| n.applied.generation);
+        let goal_pending = matches!(&self.machine, Some(Some(m))
+            if m.metadata.generation.is_some_and(|g| Some(g) != applied));
+        let labels = self.labels();
+        let claim_waits = self.ops.values().any(|op| {
+            address::is_claimable(op)
+                && address::addressed(op, &self.node_name, labels.as_ref())
+                && address::claim(op, 0).is_some()
+        });
+        if state.deadline().is_some()
+            || goal_pending
+            || claim_waits
+            || !self.runner.store.unpublished()?.is_empty()
+        {
+            return Ok(tick);
+        }
+        let idle = tick.max(IDLE_TICK);
+        let now = SystemClock.now().millis();
+        Ok(self
+            .ops
+            .values()
+            .filter(|op| address::addressed(op, &self.node_name, labels.as_ref()))
+            .filter_map(ttl_expiry)
+            .min()
+            .map_or(idle, |at| {
+                Duration::from_millis(u64::try_from(at - now).unwrap_or(0)).clamp(tick, idle)
+            }))
     }
 
     async fn tick(&mut self) -> Result<(), DaemonError> {
@@ -400,21 +445,9 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
         let expired: Vec<(String, String)> = self
             .ops
             .values()
-            .filter(|op| {
-                address::is_terminal(op) && address::addressed(op, &self.node_name, labels.as_ref())
-            })
-            .filter_map(|op| {
-                let ttl = i64::from(op.spec.ttl_seconds_after_finished?);
-                let done = op
-                    .status
-                    .as_ref()?
-                    .completed_at
-                    .as_ref()?
-                    .0
-                    .as_millisecond();
-                let id = (op.metadata.name.clone()?, op.metadata.uid.clone()?);
-                (now.millis() >= done + ttl * 1000).then_some(id)
-            })
+            .filter(|op| address::addressed(op, &self.node_name, labels.as_ref()))
+            .filter(|op| ttl_expiry(op).is_some_and(|at| now.millis() >= at))
+            .filter_map(|op| Some((op.metadata.name.clone()?, op.metadata.uid.clone()?)))
             .collect();
         for (name, uid) in expired {
             let dp = DeleteParams {
@@ -436,6 +469,22 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
             }
         }
     }
+}
+
+/// When a finished operation's `ttlSecondsAfterFinished` runs out (ms since the epoch).
+fn ttl_expiry(op: &MachineOperation) -> Option<i64> {
+    if !address::is_terminal(op) {
+        return None;
+    }
+    let ttl = i64::from(op.spec.ttl_seconds_after_finished?);
+    let done = op
+        .status
+        .as_ref()?
+        .completed_at
+        .as_ref()?
+        .0
+        .as_millisecond();
+    Some(done + ttl * 1000)
 }
 
 fn has_deletion_taint(node: &Node) -> bool {

@@ -2,8 +2,10 @@
 #![allow(dead_code)]
 
 pub mod agent;
+pub mod artifacts;
 pub mod bench;
 pub mod containerd;
+pub mod hostnode;
 pub mod image;
 pub mod logs;
 pub mod nspawn;

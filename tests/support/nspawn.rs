@@ -25,10 +25,20 @@ pub struct Container {
 impl Container {
     /// Fails the test when the nspawn tier is not installed (`tier::require`).
     pub fn up(name: &str) -> Self {
+        Self::start(&["up", name])
+    }
+
+    /// In the host's network namespace: it reaches the lab's servers on host loopback.
+    pub fn up_host_network(name: &str) -> Self {
+        Self::start(&["up", name, "--host-network"])
+    }
+
+    fn start(args: &[&str]) -> Self {
         super::tier::require(super::tier::Tier::Nspawn);
+        let name = args[1];
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e/nspawn/run");
         let out = Command::new(&script)
-            .args(["up", name])
+            .args(args)
             .output()
             .expect("run e2e/nspawn/run up");
         let stdout = String::from_utf8_lossy(&out.stdout).to_string();
@@ -50,6 +60,20 @@ impl Container {
         c.bus = c.run(&["bus", name]);
         c.units = PathBuf::from(c.run(&["units", name]));
         c
+    }
+
+    /// The container's `/` as the host reaches it (through its PID 1 now).
+    pub fn root(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/root", self.run(&["leader", &self.name])))
+    }
+
+    /// `CMD...` in the container's namespaces: its output, whatever the exit status.
+    pub fn exec(&self, cmd: &[&str]) -> std::process::Output {
+        Command::new(&self.script)
+            .args(["exec", &self.name])
+            .args(cmd)
+            .output()
+            .expect("run e2e/nspawn/run exec")
     }
 
     pub fn run(&self, args: &[&str]) -> String {

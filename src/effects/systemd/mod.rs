@@ -52,8 +52,9 @@ const SERVICE_UNKNOWN: &str = "org.freedesktop.DBus.Error.ServiceUnknown";
 const UNKNOWN_OBJECT: &str = "org.freedesktop.DBus.Error.UnknownObject";
 /// How often `terminate_machine` looks whether machined has let the machine go.
 const MACHINE_POLL: Duration = Duration::from_millis(20);
-/// Timer accuracy for scheduled restarts (systemd's default is one minute).
-const RESTART_ACCURACY_USEC: u64 = 100_000;
+/// Timer accuracy for scheduled restarts (systemd's default is one minute): a one-shot
+/// timer's own wake-up costs nothing worth coalescing.
+const RESTART_ACCURACY_USEC: u64 = 10_000;
 
 /// The production [`Systemd`]: the system manager reached over a D-Bus connection.
 #[derive(Clone, Debug)]

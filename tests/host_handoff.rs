@@ -1,0 +1,82 @@
+//! An AgentUpgrade's hand-off on a real systemd at native speed: the host install joined in a
+//! booted nspawn container (support/hostnode.rs) against a real kube-apiserver, upgraded
+//! twice (blue → green → blue) from an archive on loopback HTTP. The QEMU host suite checks
+//! the same on a real kernel and boot; this one runs in seconds.
+
+mod support;
+
+use flexnode::api::MachineOperation;
+use kube::api::Api;
+use support::Lab;
+use support::agent::{admin, apply_rbac};
+use support::artifacts::{Served, write_archive};
+use support::hostnode::HostNode;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    flexnode_skip = "nspawn",
+    ignore = "SKIPPED nspawn: FLEXNODE_SKIP_NSPAWN=1"
+)]
+#[cfg_attr(
+    all(flexnode_skip = "controlplane", not(flexnode_skip = "nspawn")),
+    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
+)]
+async fn agent_upgrades_hand_off_to_the_new_daemon_once_each() {
+    let lab = Lab::up();
+    apply_rbac(&lab);
+    let client = admin(&lab).await;
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_flexnode"));
+    let served = tempfile::tempdir().expect("a directory to serve");
+    let sha = write_archive(
+        &served.path().join("agent.tar.gz"),
+        &std::fs::read(bin).expect("the flexnode binary"),
+    );
+    let server = Served::dir(served.path());
+    let node = HostNode::join(
+        &lab,
+        &format!("fxho-{}", std::process::id()),
+        "handoff-1",
+        bin,
+    );
+
+    let url = server.url("agent.tar.gz");
+    let first = node.upgrade(&client, "upgrade-1", &url, &sha).await;
+    let second = node.upgrade(&client, "upgrade-2", &url, &sha).await;
+    assert_eq!(first.from_build, "slot blue", "{first:?}");
+    assert_eq!(first.to_build, "slot green", "{first:?}");
+    assert_eq!(second.from_build, "slot green", "{second:?}");
+    assert_eq!(second.to_build, "slot blue", "{second:?}");
+
+    // One restart per upgrade: nothing between the first's and the second's claims but the
+    // first's own stop and start, and nothing after the second's.
+    let starts = |from: u64, to: u64| {
+        node.journal(first.claim)
+            .iter()
+            .filter(|l| l.usec >= from && l.usec < to)
+            .filter(|l| l.message.starts_with("Started flexnode-agent.service"))
+            .count()
+    };
+    assert_eq!(
+        starts(first.claim, second.claim),
+        1,
+        "restarts in upgrade-1"
+    );
+    assert_eq!(starts(second.claim, u64::MAX), 1, "restarts in upgrade-2");
+
+    let ops: Api<MachineOperation> = Api::all(client.clone());
+    for name in ["upgrade-1", "upgrade-2"] {
+        let status = ops.get(name).await.expect("get").status.unwrap_or_default();
+        assert_eq!(
+            status.message.as_deref(),
+            Some("AgentUpgrade completed"),
+            "{name}: {status:?}"
+        );
+    }
+    // The daemon's own account agrees.
+    let out = node
+        .container
+        .exec(&["/opt/flexnode/bin/flexnode", "status", "-o", "json"]);
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status json");
+    assert_eq!(status["lastResult"]["operation"], "upgrade-2", "{status}");
+    assert_eq!(status["lastResult"]["reason"], "Succeeded", "{status}");
+}
