@@ -2,10 +2,11 @@
 //!
 //! - the binary's size, and `version`'s wall time and peak RSS (11 runs under GNU time,
 //!   medians) — of the Go agent too when `--anchor BIN` is given;
-//! - the daemon (`daemon --simulated-host`, against a real API server, under the agents'
-//!   RBAC): spawn → `READY=1` on its notify socket (5 starts, median), RSS after a minute and at the end of the
-//!   idle window, CPU seconds per idle hour, and every API request it made in the window,
-//!   from the API server's audit log of group `flexnode:agents`;
+//! - the daemon as a node runs it: the host install joined in a booted nspawn container, under
+//!   its systemd, against a real API server with the agents' RBAC: systemd's start → `READY=1`
+//!   (5 restarts, median, from the journal), RSS after a minute and at the end of the idle
+//!   window, CPU seconds per idle hour, and every API request it made in the window, from
+//!   the API server's audit log of group `flexnode:agents`;
 //! - SQLite commit latency (`synchronous=FULL`, WAL) of the store's intent and outcome
 //!   transactions on the disk of `FLEXNODE_CACHE`, 201 of each, medians.
 //!
@@ -18,14 +19,14 @@ mod support;
 use flexnode::machine::{Effect, Input, NodeState, Timestamp};
 use flexnode::store::Store;
 use serde_json::{Value, json};
-use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use support::Lab;
-use support::agent::{admin, apply_rbac, create_node_and_machine};
+use support::agent::apply_rbac;
 use support::bench::{cache_dir, flag, median};
-use support::proc::{cpu_secs, rss_mib};
+use support::hostnode::HostNode;
+use support::proc::{cpu_secs_in, rss_mib_in};
 
 const NODE: &str = "footprint-0";
 
@@ -42,8 +43,7 @@ fn main() {
         results["anchor"] = binary(Path::new(&anchor));
     }
     results["store"] = store_commits();
-    let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    results["daemon"] = runtime.block_on(daemon(&bin, idle));
+    results["daemon"] = daemon(&bin, idle);
     let text = serde_json::to_string_pretty(&results).expect("json");
     std::fs::write(&out, text + "\n").expect("write the results");
     println!("footprint: results in {}", out.display());
@@ -112,60 +112,35 @@ fn store_commits() -> Value {
     result
 }
 
-async fn daemon(bin: &Path, idle: Duration) -> Value {
+/// The daemon as a node runs it: the host install joined in a booted nspawn container
+/// (tests/support/hostnode.rs) under the container's systemd, against a real API server
+/// that audits the agents' group.
+fn daemon(bin: &Path, idle: Duration) -> Value {
     let lab = Lab::up_audited();
     apply_rbac(&lab);
-    create_node_and_machine(&admin(&lab).await, NODE, &[]).await;
-    let kubeconfig = lab.node_kubeconfig(NODE);
-    let work = tempfile::tempdir().expect("tmp");
-    let notify = work.path().join("notify");
-    let socket = UnixDatagram::bind(&notify).expect("the notify socket");
-    socket
-        .set_read_timeout(Some(Duration::from_secs(60)))
-        .expect("timeout");
-    // Five starts, each on a fresh store: the simulated host lives in the process, so a
-    // daemon can only start on a store it joined itself (the join is in memory and quick).
-    let mut readies = Vec::new();
-    let mut child = None;
-    for run in 0..5 {
-        if let Some(mut previous) = child.take() {
-            stop(&mut previous);
-        }
-        let state = work.path().join(format!("state-{run}/state.db"));
-        let (started, ready) = start(bin, &lab, &state, &kubeconfig, &notify, &socket);
-        readies.push(ready);
-        child = Some(started);
-    }
-    let mut child = child.expect("a daemon");
-    // systemd reads every notification; a full socket would block the daemon's next one.
-    let drain = socket.try_clone().expect("the notify socket");
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        loop {
-            let _ = drain.recv(&mut buf);
-        }
-    });
+    let node = HostNode::join(&lab, &format!("fxfp-{}", std::process::id()), NODE, bin);
+    let readies: Vec<f64> = (0..5).map(|_| node.restart_agent()).collect();
     let ready = median(readies.clone());
-    let pid = child.id();
+    let proc = node.agent_proc();
     eprintln!(
-        "footprint: READY {ready:.0} ms after spawn; idle for {} s",
+        "footprint: READY {ready:.0} ms after systemd's start; idle for {} s",
         idle.as_secs()
     );
-    tokio::time::sleep(Duration::from_secs(60).min(idle)).await;
+    std::thread::sleep(Duration::from_secs(60).min(idle));
     let window_start = lab.audit_len();
-    let (rss_warm, cpu_start, started) = (rss_mib(pid), cpu_secs(pid), Instant::now());
+    let (rss_warm, cpu_start, started) = (rss_mib_in(&proc), cpu_secs_in(&proc), Instant::now());
     while started.elapsed() < idle.saturating_sub(Duration::from_secs(60)) {
-        tokio::time::sleep(Duration::from_secs(60)).await;
+        std::thread::sleep(Duration::from_secs(60));
         eprintln!(
             "footprint: idle {:.0} s, RSS {:.1} MiB",
             started.elapsed().as_secs_f64() + 60.0,
-            rss_mib(pid)
+            rss_mib_in(&proc)
         );
     }
     let window = started.elapsed().as_secs_f64();
-    let (rss_end, cpu) = (rss_mib(pid), cpu_secs(pid) - cpu_start);
+    let (rss_end, cpu) = (rss_mib_in(&proc), cpu_secs_in(&proc) - cpu_start);
+    assert_eq!(proc, node.agent_proc(), "the agent restarted while idle");
     let requests = lab.audited(&format!("system:flexnode:{NODE}"), window_start);
-    stop(&mut child);
     let non_watch: u64 = requests
         .iter()
         .filter(|(k, _)| !k.starts_with("watch "))
@@ -181,58 +156,4 @@ async fn daemon(bin: &Path, idle: Duration) -> Value {
         "requests_in_window": requests,
         "non_watch_requests_per_idle_minute": non_watch as f64 * 60.0 / window,
     })
-}
-
-/// Spawns the daemon; returns it once it sent `READY=1`, with the milliseconds that took.
-fn start(
-    bin: &Path,
-    lab: &Lab,
-    state: &Path,
-    kubeconfig: &Path,
-    notify: &Path,
-    socket: &UnixDatagram,
-) -> (std::process::Child, f64) {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(lab.dir.join("logs/footprint-daemon.log"))
-        .expect("log");
-    let spawned = Instant::now();
-    let mut child = Command::new(bin)
-        .arg("--state")
-        .arg(state)
-        .args(["daemon", "--simulated-host", "--node", NODE, "--kubeconfig"])
-        .arg(kubeconfig)
-        .env("NOTIFY_SOCKET", notify)
-        .stderr(log)
-        .spawn()
-        .expect("start the daemon");
-    let mut buf = [0u8; 4096];
-    loop {
-        match socket.recv(&mut buf) {
-            Ok(n)
-                if String::from_utf8_lossy(&buf[..n])
-                    .lines()
-                    .any(|l| l == "READY=1") =>
-            {
-                return (child, spawned.elapsed().as_secs_f64() * 1000.0);
-            }
-            Ok(_) => {}
-            Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("no READY=1 within 60 s ({e}); see logs/footprint-daemon.log");
-            }
-        }
-    }
-}
-
-/// SIGTERM (the daemon's clean stop), then its exit.
-fn stop(child: &mut std::process::Child) {
-    let sent = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(sent.success(), "kill -TERM {}", child.id());
-    let _ = child.wait();
 }

@@ -203,6 +203,55 @@ impl HostNode {
         }
     }
 
+    /// Restarts the agent unit and waits for it (`Type=notify`: until READY=1); returns
+    /// systemd's `Starting` → `Started` in milliseconds, from the journal.
+    pub fn restart_agent(&self) -> f64 {
+        let since = now_usec().saturating_sub(2_000_000);
+        let t0 = now_usec();
+        let out = self
+            .container
+            .exec(&["systemctl", "restart", "flexnode-agent"]);
+        assert!(
+            out.status.success(),
+            "systemctl restart: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // journald may not have written systemd's last lines yet.
+        let start = Instant::now();
+        loop {
+            let lines = self.journal(since);
+            let first = |from: u64, prefix: &str| {
+                lines
+                    .iter()
+                    .find(|l| l.usec >= from && l.message.starts_with(prefix))
+                    .map(|l| l.usec)
+            };
+            if let Some(starting) = first(t0, "Starting flexnode-agent.service")
+                && let Some(started) = first(starting, "Started flexnode-agent.service")
+            {
+                return ms(starting, started);
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "the journal does not show the restart"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The running agent's `/proc/PID` as the host reaches it (the container's procfs).
+    pub fn agent_proc(&self) -> std::path::PathBuf {
+        let out = self
+            .container
+            .exec(&["systemctl", "show", "-P", "MainPID", "flexnode-agent"]);
+        let pid = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert!(
+            pid.parse::<u32>().is_ok_and(|p| p > 0),
+            "no agent process: MainPID {pid:?}"
+        );
+        self.container.root().join("proc").join(pid)
+    }
+
     fn journal_text(&self, since: u64) -> String {
         self.journal(since)
             .into_iter()

@@ -1,8 +1,15 @@
 //! A process's CPU time and resident memory, from `/proc` (the benchmarks read them).
 
+use std::path::Path;
+
 /// CPU seconds (user + system) a process has used.
 pub fn cpu_secs(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
+    cpu_secs_in(Path::new(&format!("/proc/{pid}")))
+}
+
+/// The same from a process's `/proc/PID` directory, e.g. in a container's procfs.
+pub fn cpu_secs_in(proc: &Path) -> f64 {
+    let stat = std::fs::read_to_string(proc.join("stat")).expect("/proc/PID/stat");
     // The fields after the command, which is in parentheses and may hold spaces.
     let rest = &stat[stat.rfind(')').expect("stat's comm") + 2..];
     let f: Vec<&str> = rest.split_whitespace().collect();
@@ -12,7 +19,11 @@ pub fn cpu_secs(pid: u32) -> f64 {
 
 /// Resident memory in MiB (`VmRSS`).
 pub fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/PID/status");
+    rss_mib_in(Path::new(&format!("/proc/{pid}")))
+}
+
+pub fn rss_mib_in(proc: &Path) -> f64 {
+    let status = std::fs::read_to_string(proc.join("status")).expect("/proc/PID/status");
     let kib: f64 = status
         .lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))
