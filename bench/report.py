@@ -152,8 +152,8 @@ def footprint_table(fp, sizes, anchor_daemon):
                  f"({d['rss_mib_after_1min']:.1f}) | "
                  + go(g and f"{g['rss_mib_idle']:.1f} MiB ({g['rss_mib_after_1min']:.1f}) (flexnode: {d['rss_mib_idle'] / g['rss_mib_idle']:.2f}×)")
                  + f" | ≤ 12 MiB: {verdict(d['rss_mib_idle'] <= 12)} |")
-    lines.append(f"| CPU per idle hour | {d['cpu_secs_per_idle_hour']:.1f} s | "
-                 + go(g and f"{g['cpu_secs_per_idle_hour']:.1f} s") + " | |")
+    lines.append(f"| CPU per idle hour | {d['cpu_secs_per_idle_hour']:.2f} s | "
+                 + go(g and f"{g['cpu_secs_per_idle_hour']:.2f} s") + " | |")
 
     def reqs(x):
         return ", ".join(f"{k} ×{v}" for k, v in sorted(x["requests_in_window"].items())) or "none"
