@@ -11,8 +11,9 @@ release build. Staging is claim -> `Switching` in the guest's journal: download 
 artifact server, SHA-256 while streaming, gunzip, the tar member checks, write, fsync, rename,
 the candidate's `version`. After each upgrade the guest does, on the same archive (fetched
 once beforehand with busybox wget, so without the download): `sha256sum`, `tar -xzf`, `sync`
-of the binary and its `version` — the baseline. Medians per archive and their ratio go to
-FILE (JSON). Python 3 stdlib only.
+of the binary and its `version` — the baseline; and, timed apart, the same download alone
+(busybox wget from the artifact server). Medians per archive and the ratios (against the
+baseline, and against the baseline plus the download) go to FILE (JSON). Python 3 stdlib only.
 """
 
 import argparse
@@ -31,6 +32,11 @@ BASELINE = r"""
 d=/var/tmp/fnbench-{which}
 cd "$d"
 rm -rf x && mkdir x
+t0=$(date +%s%N)
+busybox wget -q -O x/fetched {url}
+t1=$(date +%s%N)
+echo "$(( (t1 - t0) / 1000 ))"
+rm x/fetched
 t0=$(date +%s%N)
 sha256sum a.tar.gz >/dev/null
 tar -C x -xzf a.tar.gz
@@ -69,11 +75,14 @@ def main():
         need(v[:2] == ("Complete", "Succeeded"), "%s ended %s/%s: %r" % (op, v[0], v[1], v[2]))
         m = wait_until("the journal to show %s's hand-off" % op,
                        lambda: upgrade_moments(lab, op, since), 60, 1)
-        usec, binary, archive = (int(x) for x in lab.sh(BASELINE.format(which=which), 300).split())
+        url = "http://%s/%s" % (lab.art, name)
+        fetch, usec, binary, archive = (int(x) for x in lab.sh(BASELINE.format(which=which, url=url), 300).split())
         run = {"archive": which, "archive_bytes": archive, "binary_bytes": binary,
-               "staging_ms": (m["staged"] - m["claim"]) * 1e3, "baseline_ms": usec / 1e3}
-        print("tcg-staging: %s (%s): staging %.0f ms, sha256sum + tar + sync + version %.0f ms"
-              % (op, which, run["staging_ms"], run["baseline_ms"]), flush=True)
+               "staging_ms": (m["staged"] - m["claim"]) * 1e3, "baseline_ms": usec / 1e3,
+               "download_ms": fetch / 1e3}
+        print("tcg-staging: %s (%s): staging %.0f ms, sha256sum + tar + sync + version %.0f ms, "
+              "download alone %.0f ms" % (op, which, run["staging_ms"], run["baseline_ms"], run["download_ms"]),
+              flush=True)
         runs.append(run)
 
     by = {}
@@ -83,9 +92,10 @@ def main():
             continue
         st = statistics.median(r["staging_ms"] for r in mine)
         bl = statistics.median(r["baseline_ms"] for r in mine)
+        dl = statistics.median(r["download_ms"] for r in mine)
         by[which] = {"runs": len(mine), "archive_bytes": mine[0]["archive_bytes"],
                      "binary_bytes": mine[0]["binary_bytes"], "staging_ms": st, "baseline_ms": bl,
-                     "ratio": st / bl}
+                     "download_ms": dl, "ratio": st / bl, "ratio_with_download": st / (bl + dl)}
     with open(a.out, "w") as fh:
         json.dump({"runs": runs, "by_archive": by}, fh, indent=2)
         fh.write("\n")
