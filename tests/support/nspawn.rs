@@ -25,20 +25,20 @@ pub struct Container {
 impl Container {
     /// Fails the test when the nspawn tier is not installed (`tier::require`).
     pub fn up(name: &str) -> Self {
-        Self::start(&["up", name])
+        Self::start(name, &[])
     }
 
     /// In the host's network namespace: it reaches the lab's servers on host loopback.
     pub fn up_host_network(name: &str) -> Self {
-        Self::start(&["up", name, "--host-network"])
+        Self::start(name, &["--host-network"])
     }
 
-    fn start(args: &[&str]) -> Self {
+    fn start(name: &str, flags: &[&str]) -> Self {
         super::tier::require(super::tier::Tier::Nspawn);
-        let name = args[1];
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e/nspawn/run");
         let out = Command::new(&script)
-            .args(args)
+            .args(["up", name])
+            .args(flags)
             .output()
             .expect("run e2e/nspawn/run up");
         let stdout = String::from_utf8_lossy(&out.stdout).to_string();
