@@ -43,7 +43,8 @@ fn main() {
         results["anchor"] = binary(Path::new(&anchor));
     }
     results["store"] = store_commits();
-    results["daemon"] = daemon(&bin, idle);
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    results["daemon"] = runtime.block_on(daemon(&bin, idle));
     let text = serde_json::to_string_pretty(&results).expect("json");
     std::fs::write(&out, text + "\n").expect("write the results");
     println!("footprint: results in {}", out.display());
@@ -115,22 +116,25 @@ fn store_commits() -> Value {
 /// The daemon as a node runs it: the host install joined in a booted nspawn container
 /// (tests/support/hostnode.rs) under the container's systemd, against a real API server
 /// that audits the agents' group.
-fn daemon(bin: &Path, idle: Duration) -> Value {
+async fn daemon(bin: &Path, idle: Duration) -> Value {
     let lab = Lab::up_audited();
     apply_rbac(&lab);
     let node = HostNode::join(&lab, &format!("fxfp-{}", std::process::id()), NODE, bin);
-    let readies: Vec<f64> = (0..5).map(|_| node.restart_agent()).collect();
+    let mut readies = vec![];
+    for _ in 0..5 {
+        readies.push(node.restart_agent().await);
+    }
     let ready = median(readies.clone());
     let proc = node.agent_proc();
     eprintln!(
         "footprint: READY {ready:.0} ms after systemd's start; idle for {} s",
         idle.as_secs()
     );
-    std::thread::sleep(Duration::from_secs(60).min(idle));
+    tokio::time::sleep(Duration::from_secs(60).min(idle)).await;
     let window_start = lab.audit_len();
     let (rss_warm, cpu_start, started) = (rss_mib_in(&proc), cpu_secs_in(&proc), Instant::now());
     while started.elapsed() < idle.saturating_sub(Duration::from_secs(60)) {
-        std::thread::sleep(Duration::from_secs(60));
+        tokio::time::sleep(Duration::from_secs(60)).await;
         eprintln!(
             "footprint: idle {:.0} s, RSS {:.1} MiB",
             started.elapsed().as_secs_f64() + 60.0,

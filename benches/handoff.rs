@@ -14,7 +14,7 @@ use serde_json::json;
 use std::path::PathBuf;
 use support::Lab;
 use support::agent::{admin, apply_rbac};
-use support::artifacts::{Served, write_archive};
+use support::artifacts::{Served, pack};
 use support::bench::{flag, median};
 use support::hostnode::{Handoff, HostNode};
 
@@ -27,11 +27,11 @@ fn main() {
     apply_rbac(&lab);
     let client = runtime.block_on(admin(&lab));
     let served = tempfile::tempdir().expect("a directory to serve");
-    let binary = std::fs::read(&bin).expect("the agent binary");
-    let sha = write_archive(&served.path().join("agent.tar.gz"), &binary);
-    let archive_bytes = std::fs::metadata(served.path().join("agent.tar.gz"))
+    let (archive, sha) = pack(served.path(), "agent", &bin);
+    let archive_bytes = std::fs::metadata(served.path().join(&archive))
         .expect("archive")
         .len();
+    let binary_bytes = std::fs::metadata(&bin).expect("the agent binary").len();
     let server = Served::dir(served.path());
     let node = HostNode::join(
         &lab,
@@ -39,7 +39,7 @@ fn main() {
         "handoff-1",
         &bin,
     );
-    let url = server.url("agent.tar.gz");
+    let url = server.url(&archive);
 
     let mut all: Vec<Handoff> = vec![];
     for i in 0..runs {
@@ -48,34 +48,26 @@ fn main() {
             h.from_build, h.to_build,
             "upgrade-{i} did not switch: {h:?}"
         );
+        let spans = h.spans();
         eprintln!(
-            "handoff: upgrade-{i} {} -> {}: gap {:.1} ms, after staging {:.1} ms, staging {:.1} ms",
+            "handoff: upgrade-{i} {} -> {}: {}",
             h.from_build,
             h.to_build,
-            h.gap_ms(),
-            h.after_staging_ms(),
-            h.staging_ms()
+            spans
+                .map(|(name, ms)| format!("{name} {ms:.1} ms"))
+                .join(", ")
         );
         all.push(h);
     }
-    let part = |f: fn(&Handoff) -> f64| {
-        let v: Vec<f64> = all.iter().map(f).collect();
-        json!({ "median_ms": median(v.clone()), "runs_ms": v })
-    };
-    let result = json!({
+    let mut result = json!({
         "runs": runs,
-        "binary_bytes": binary.len(),
+        "binary_bytes": binary_bytes,
         "archive_bytes": archive_bytes,
-        "gap": part(Handoff::gap_ms),
-        "after_staging": part(Handoff::after_staging_ms),
-        "staging": part(Handoff::staging_ms),
-        "switch": part(Handoff::switch_ms),
-        "timer": part(Handoff::timer_ms),
-        "stop": part(Handoff::stop_ms),
-        "start": part(Handoff::start_ms),
-        "judge": part(Handoff::judge_ms),
-        "publish": part(Handoff::publish_ms),
     });
+    for (i, (name, _)) in all[0].spans().iter().enumerate() {
+        let v: Vec<f64> = all.iter().map(|h| h.spans()[i].1).collect();
+        result[name] = json!({ "median_ms": median(v.clone()), "runs_ms": v });
+    }
     std::fs::write(
         &out,
         serde_json::to_string_pretty(&result).expect("json") + "\n",

@@ -5,8 +5,9 @@
 //! stager can skip — alternating, 7 runs each, medians and their ratio.
 //!
 //! `cargo bench --bench staging -- --bin PATH [--out FILE]`: PATH is the binary archived
-//! (`bench/run` gives the stripped debug build, the one the test labs stage). The
-//! archive is served by `python3 -m http.server` on 127.0.0.1, stopped by its PID.
+//! (`bench/run` gives the stripped debug build, the one the test labs stage). The archive is
+//! packed and served (127.0.0.1, stopped by its PID) by the host lab's own tools,
+//! `e2e/artifacts/pack` and `e2e/artifacts/serve`.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -17,7 +18,7 @@ use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
-use support::artifacts::{Served, write_archive};
+use support::artifacts::{Served, pack};
 use support::bench::{cache_dir, flag, median};
 
 const RUNS: usize = 7;
@@ -28,15 +29,14 @@ fn main() {
     // On the cache's disk, as a node's /var/lib would be: not tmpfs.
     let work = tempfile::tempdir_in(cache_dir()).expect("a work directory");
     let arch = Arch::from_rust(std::env::consts::ARCH);
-    let data = std::fs::read(&bin).expect("the binary");
-    let archive = work.path().join("served/agent.tar.gz");
-    std::fs::create_dir_all(archive.parent().expect("dir")).expect("mkdir");
-    let digest = write_archive(&archive, &data);
+    let served = work.path().join("served");
+    let (name, digest) = pack(&served, "agent", &bin);
+    let archive = served.join(&name);
     let archive_bytes = std::fs::metadata(&archive).expect("archive").len();
+    let binary_bytes = std::fs::metadata(&bin).expect("the binary").len();
     let sha = Sha256Hex::parse(&digest).expect("sha256");
-
-    let server = Served::dir(archive.parent().expect("dir"));
-    let url: ArchiveUrl = serde_json::from_value(json!(server.url("agent.tar.gz"))).expect("url");
+    let server = Served::dir(&served);
+    let url: ArchiveUrl = serde_json::from_value(json!(server.url(&name))).expect("url");
 
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let fetcher = ArchiveFetcher::new();
@@ -55,7 +55,7 @@ fn main() {
     drop(server);
     let (staged_ms, baseline_ms) = (median(staged.clone()), median(baseline.clone()));
     let result = json!({
-        "binary_bytes": data.len(),
+        "binary_bytes": binary_bytes,
         "archive_bytes": archive_bytes,
         "install_ms": staged_ms,
         "install_runs_ms": staged,

@@ -9,7 +9,7 @@ use flexnode::api::MachineOperation;
 use kube::api::Api;
 use support::Lab;
 use support::agent::{admin, apply_rbac};
-use support::artifacts::{Served, write_archive};
+use support::artifacts::{Served, pack};
 use support::hostnode::HostNode;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -27,10 +27,7 @@ async fn agent_upgrades_hand_off_to_the_new_daemon_once_each() {
     let client = admin(&lab).await;
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_flexnode"));
     let served = tempfile::tempdir().expect("a directory to serve");
-    let sha = write_archive(
-        &served.path().join("agent.tar.gz"),
-        &std::fs::read(bin).expect("the flexnode binary"),
-    );
+    let (archive, sha) = pack(served.path(), "agent", bin);
     let server = Served::dir(served.path());
     let node = HostNode::join(
         &lab,
@@ -39,7 +36,7 @@ async fn agent_upgrades_hand_off_to_the_new_daemon_once_each() {
         bin,
     );
 
-    let url = server.url("agent.tar.gz");
+    let url = server.url(&archive);
     let first = node.upgrade(&client, "upgrade-1", &url, &sha).await;
     let second = node.upgrade(&client, "upgrade-2", &url, &sha).await;
     assert_eq!(first.from_build, "slot blue", "{first:?}");

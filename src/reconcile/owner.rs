@@ -124,16 +124,18 @@ where
             watch::operations(api, watch, fields, tx.clone(), counters.clone())
         })
         .collect();
-    tasks.push(watch::node(
-        Api::all(client.clone()),
+    tasks.push(watch::single(
+        Api::<Node>::all(client.clone()),
         name,
         tx.clone(),
+        |n| Msg::Node(n.map(Box::new)),
         counters.clone(),
     ));
-    tasks.push(watch::machine(
-        Api::all(client.clone()),
+    tasks.push(watch::single(
+        Api::<Machine>::all(client.clone()),
         name,
         tx,
+        |m| Msg::Machine(m.map(Box::new)),
         counters.clone(),
     ));
     counters
@@ -229,21 +231,33 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
         }
     }
 
+    /// This node's operations that wait to be claimed.
+    fn waiting<'a>(
+        &'a self,
+        labels: Option<&'a BTreeMap<String, String>>,
+    ) -> impl Iterator<Item = &'a MachineOperation> {
+        self.ops.values().filter(move |op| {
+            address::is_claimable(op) && address::addressed(op, &self.node_name, labels)
+        })
+    }
+
+    /// The Machine asks for a generation the node has not applied.
+    fn goal_changed(&self, state: &NodeState) -> bool {
+        let applied = state.node().map(|n| n.applied.generation);
+        matches!(&self.machine, Some(Some(m))
+            if m.metadata.generation.is_some_and(|g| Some(g) != applied))
+    }
+
     /// How soon the next tick is due: after `tick` while anything waits on time (a state's
     /// deadline, the outbox, a claim, a goal not applied yet); otherwise at the next TTL
     /// expiry, at most [`IDLE_TICK`] away. Watch events still wake the daemon at once.
     fn tick_in(&self, state: &NodeState, tick: Duration) -> Result<Duration, DaemonError> {
-        let applied = state.node().map(|n| n.applied.generation);
-        let goal_pending = matches!(&self.machine, Some(Some(m))
-            if m.metadata.generation.is_some_and(|g| Some(g) != applied));
         let labels = self.labels();
-        let claim_waits = self.ops.values().any(|op| {
-            address::is_claimable(op)
-                && address::addressed(op, &self.node_name, labels.as_ref())
-                && address::claim(op, 0).is_some()
-        });
+        let claim_waits = self
+            .waiting(labels.as_ref())
+            .any(|op| address::claim(op, 0).is_some());
         if state.deadline().is_some()
-            || goal_pending
+            || self.goal_changed(state)
             || claim_waits
             || !self.runner.store.unpublished()?.is_empty()
         {
@@ -307,15 +321,7 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
             return Ok(());
         }
         let labels = self.labels();
-        let mut waiting: Vec<MachineOperation> = self
-            .ops
-            .values()
-            .filter(|op| {
-                address::is_claimable(op)
-                    && address::addressed(op, &self.node_name, labels.as_ref())
-            })
-            .cloned()
-            .collect();
+        let mut waiting: Vec<MachineOperation> = self.waiting(labels.as_ref()).cloned().collect();
         waiting.sort_by(|a, b| {
             (
                 a.metadata.creation_timestamp.as_ref().map(|t| t.0),
@@ -385,10 +391,7 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
         // counts: a step that started a machine (a repave, its rollback) had its kubelet
         // register the Node while the Node's watch event still waited in the queue. Only
         // then: a node without a kubelet has no Node for good, and every tick would ask.
-        let applied = self.runner.state()?.node().map(|n| n.applied.generation);
-        let goal_changed = matches!(&self.machine, Some(Some(m))
-            if m.metadata.generation.is_some_and(|g| Some(g) != applied));
-        if goal_changed && matches!(self.node, Some(None)) {
+        if self.goal_changed(&self.runner.state()?) && matches!(self.node, Some(None)) {
             let api: Api<Node> = Api::all(self.client.clone());
             match api.get_opt(&self.node_name).await {
                 Ok(Some(n)) => self.node = Some(Some(Box::new(n))),

@@ -3,9 +3,8 @@
 //! Node deleted while the agent was away is still seen as absent.
 
 use super::Msg;
-use crate::api::{Machine, MachineOperation};
+use crate::api::MachineOperation;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
 use kube::Resource;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
@@ -123,15 +122,15 @@ pub fn operations(
     tokio::spawn(async move {
         let mut stream = watcher::watcher(api, config).default_backoff().boxed();
         while let Some(event) = stream.next().await {
-            if matches!(
-                event,
-                Ok(Event::Apply(_) | Event::InitApply(_) | Event::Delete(_))
-            ) {
-                count(&counters.operation_events);
-            }
             let msg = match event {
-                Ok(Event::Apply(op) | Event::InitApply(op)) => Msg::Operation(Box::new(op)),
-                Ok(Event::Delete(op)) => Msg::OperationGone(op.metadata.uid.unwrap_or_default()),
+                Ok(Event::Apply(op) | Event::InitApply(op)) => {
+                    count(&counters.operation_events);
+                    Msg::Operation(Box::new(op))
+                }
+                Ok(Event::Delete(op)) => {
+                    count(&counters.operation_events);
+                    Msg::OperationGone(op.metadata.uid.unwrap_or_default())
+                }
                 Ok(Event::InitDone) => {
                     count(&counters.lists);
                     Msg::OperationsListed { watch }
@@ -147,22 +146,4 @@ pub fn operations(
             }
         }
     })
-}
-
-pub fn node(
-    api: Api<Node>,
-    name: &str,
-    tx: Sender<Msg>,
-    counters: Arc<WatchCounters>,
-) -> tokio::task::JoinHandle<()> {
-    single(api, name, tx, |n| Msg::Node(n.map(Box::new)), counters)
-}
-
-pub fn machine(
-    api: Api<Machine>,
-    name: &str,
-    tx: Sender<Msg>,
-    counters: Arc<WatchCounters>,
-) -> tokio::task::JoinHandle<()> {
-    single(api, name, tx, |m| Msg::Machine(m.map(Box::new)), counters)
 }

@@ -1,65 +1,72 @@
-//! Agent archives as an AgentUpgrade downloads them, served over loopback HTTP.
+//! Agent archives as an AgentUpgrade downloads them, packed and served by the host lab's own
+//! tools (`e2e/artifacts/pack`, `e2e/artifacts/serve`) on loopback.
 
-use flexnode::effects::archive::member_name;
-use flexnode::machine::agent::Arch;
-use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The release archive's shape: one executable member, gzip at its default level. Returns
-/// the archive's SHA-256 (lowercase hex), what an AgentUpgrade's `sha256` carries.
-pub fn write_archive(path: &Path, binary: &[u8]) -> String {
-    let member = member_name(Arch::from_rust(std::env::consts::ARCH)).expect("a supported arch");
-    let file = std::fs::File::create(path).expect("create the archive");
-    let gz = flate2::write::GzEncoder::new(file, flate2::Compression::default());
-    let mut tar = tar::Builder::new(gz);
-    let mut header = tar::Header::new_gnu();
-    header.set_size(binary.len() as u64);
-    header.set_mode(0o755);
-    header.set_cksum();
-    tar.append_data(&mut header, &member, binary)
-        .expect("append");
-    tar.into_inner().expect("tar").finish().expect("gzip");
-    hex::encode(Sha256::digest(std::fs::read(path).expect("the archive")))
+fn tool(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("e2e/artifacts")
+        .join(name)
 }
 
-/// `python3 -m http.server` on 127.0.0.1 over `dir`, stopped (by its PID) when dropped.
+/// `dir/flexnode-NAME.tar.gz` of `binary` (one member, as a release archive has it); returns
+/// the file's name and its SHA-256 (what an AgentUpgrade's `sha256` carries).
+pub fn pack(dir: &Path, name: &str, binary: &Path) -> (String, String) {
+    let out = Command::new(tool("pack"))
+        .arg(dir)
+        .arg(format!("{name}={}", binary.display()))
+        .output()
+        .expect("run e2e/artifacts/pack");
+    assert!(
+        out.status.success(),
+        "pack: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // `NAME SHA256 PATH SIZE`
+    let line = String::from_utf8_lossy(&out.stdout).to_string();
+    let sha = line.split_whitespace().nth(1).expect("pack's sha256");
+    (format!("flexnode-{name}.tar.gz"), sha.to_string())
+}
+
+/// `e2e/artifacts/serve` over `dir` on 127.0.0.1, stopped (by its PID) when dropped.
 pub struct Served {
     child: Child,
     pub port: u16,
-    pub dir: PathBuf,
+    /// Where the server writes its port (private; removed with it).
+    _state: tempfile::TempDir,
 }
 
 impl Served {
     pub fn dir(dir: &Path) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        let child = Command::new("python3")
-            .args([
-                "-m",
-                "http.server",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-            ])
-            .arg("--directory")
+        let state = tempfile::tempdir().expect("a directory for the port file");
+        let port_file = state.path().join("port");
+        let child = Command::new(tool("serve"))
+            .arg("--dir")
             .arg(dir)
+            .arg("--port-file")
+            .arg(&port_file)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("python3 -m http.server");
-        let served = Self {
+            .expect("run e2e/artifacts/serve");
+        let mut served = Self {
             child,
-            port,
-            dir: dir.to_path_buf(),
+            port: 0,
+            _state: state,
         };
         let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "the HTTP server did not start");
+        while served.port == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the artifact server did not start"
+            );
             std::thread::sleep(Duration::from_millis(50));
+            served.port = std::fs::read_to_string(&port_file)
+                .ok()
+                .and_then(|p| p.trim().parse().ok())
+                .unwrap_or(0);
         }
         served
     }

@@ -2,8 +2,8 @@
 //! the host's network (so it reaches the lab's API server and artifact server on loopback),
 //! then AgentUpgrades whose hand-off is read back from the container's journal.
 
-use super::Lab;
 use super::nspawn::Container;
+use super::{Lab, wait_for};
 use flexnode::api::MachineOperation;
 use flexnode::api::machine_operation::{MachineOperationSpec, OperationKind, OperationPhase};
 use kube::Client;
@@ -11,7 +11,7 @@ use kube::api::{Api, PostParams};
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// A joined host install (no node images: its machine is the minimal tree, no kubelet).
 pub struct HostNode {
@@ -54,34 +54,21 @@ fn ms(from: u64, to: u64) -> f64 {
 }
 
 impl Handoff {
-    /// Old daemon exited → new daemon ready.
-    pub fn gap_ms(&self) -> f64 {
-        ms(self.exited, self.ready)
-    }
-    /// Claim → Complete without staging: switch, restart timer, stop, start, judge, publish.
-    pub fn after_staging_ms(&self) -> f64 {
-        ms(self.staged, self.ready)
-    }
-    pub fn staging_ms(&self) -> f64 {
-        ms(self.claim, self.staged)
-    }
-    pub fn switch_ms(&self) -> f64 {
-        ms(self.staged, self.handing_off)
-    }
-    pub fn timer_ms(&self) -> f64 {
-        ms(self.handing_off, self.stopping)
-    }
-    pub fn stop_ms(&self) -> f64 {
-        ms(self.stopping, self.exited)
-    }
-    pub fn start_ms(&self) -> f64 {
-        ms(self.exited, self.starting)
-    }
-    pub fn judge_ms(&self) -> f64 {
-        ms(self.starting, self.judged)
-    }
-    pub fn publish_ms(&self) -> f64 {
-        ms(self.judged, self.ready)
+    /// Each span of the upgrade in milliseconds, named as `benches/handoff.rs` reports it:
+    /// the hand-off gap (old daemon exited → new daemon ready), claim → Complete without
+    /// staging, staging, then the parts of the second one in order.
+    pub fn spans(&self) -> [(&'static str, f64); 9] {
+        [
+            ("gap", ms(self.exited, self.ready)),
+            ("after_staging", ms(self.staged, self.ready)),
+            ("staging", ms(self.claim, self.staged)),
+            ("switch", ms(self.staged, self.handing_off)),
+            ("timer", ms(self.handing_off, self.stopping)),
+            ("stop", ms(self.stopping, self.exited)),
+            ("start", ms(self.exited, self.starting)),
+            ("judge", ms(self.starting, self.judged)),
+            ("publish", ms(self.judged, self.ready)),
+        ]
     }
 }
 
@@ -164,23 +151,16 @@ impl HostNode {
         api.create(&PostParams::default(), &MachineOperation::new(op, spec))
             .await
             .expect("create the AgentUpgrade");
-        let start = Instant::now();
-        let status = loop {
-            let got = api.get(op).await.expect("read the AgentUpgrade");
-            let status = got.status.unwrap_or_default();
-            if matches!(
+        let status = wait_for(Duration::from_secs(120), || async {
+            let status = api.get(op).await.expect("read the AgentUpgrade").status?;
+            matches!(
                 status.phase,
                 Some(OperationPhase::Complete | OperationPhase::Failed)
-            ) {
-                break status;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(120),
-                "{op} did not finish in 120 s: {status:?}\n{}",
-                self.journal_text(since)
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+            )
+            .then_some(status)
+        })
+        .await
+        .unwrap_or_else(|| panic!("{op} did not finish in 120 s\n{}", self.journal_text(since)));
         assert_eq!(
             status.phase,
             Some(OperationPhase::Complete),
@@ -188,59 +168,48 @@ impl HostNode {
             self.journal_text(since)
         );
         // systemd logs `Started` just after the new daemon's READY=1, which follows the
-        // publication the loop above saw.
-        let start = Instant::now();
-        loop {
-            if let Some(h) = handoff(&self.journal(since), op) {
-                return h;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
+        // publication seen above.
+        wait_for(Duration::from_secs(20), || async {
+            handoff(&self.journal(since), op)
+        })
+        .await
+        .unwrap_or_else(|| {
+            panic!(
                 "{op}: the journal does not show the whole hand-off:\n{}",
                 self.journal_text(since)
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+            )
+        })
     }
 
     /// Restarts the agent unit and waits for it (`Type=notify`: until READY=1); returns
     /// systemd's `Starting` → `Started` in milliseconds, from the journal.
-    pub fn restart_agent(&self) -> f64 {
-        let since = now_usec().saturating_sub(2_000_000);
+    pub async fn restart_agent(&self) -> f64 {
         let t0 = now_usec();
         // Its start limit (5 in 300 s) counts these restarts too; reset, as the agent's own
         // restart does (src/effects/systemd/jobs.rs).
-        self.container
-            .exec(&["systemctl", "reset-failed", "flexnode-agent"]);
-        let out = self
-            .container
-            .exec(&["systemctl", "restart", "flexnode-agent"]);
-        assert!(
-            out.status.success(),
-            "systemctl restart: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        // journald may not have written systemd's last lines yet.
-        let start = Instant::now();
-        loop {
-            let lines = self.journal(since);
-            let first = |from: u64, prefix: &str| {
-                lines
-                    .iter()
-                    .find(|l| l.usec >= from && l.message.starts_with(prefix))
-                    .map(|l| l.usec)
-            };
-            if let Some(starting) = first(t0, "Starting flexnode-agent.service")
-                && let Some(started) = first(starting, "Started flexnode-agent.service")
-            {
-                return ms(starting, started);
-            }
+        for verb in ["reset-failed", "restart"] {
+            let out = self.container.exec(&["systemctl", verb, "flexnode-agent"]);
             assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "the journal does not show the restart"
+                out.status.success(),
+                "systemctl {verb}: {}",
+                String::from_utf8_lossy(&out.stderr)
             );
-            std::thread::sleep(Duration::from_millis(100));
         }
+        // journald may not have written systemd's last lines yet.
+        wait_for(Duration::from_secs(20), || async {
+            let lines = self.journal(t0.saturating_sub(2_000_000));
+            let starting = first_where(&lines, t0, |m| {
+                m.starts_with("Starting flexnode-agent.service")
+            })?
+            .usec;
+            let started = first_where(&lines, starting, |m| {
+                m.starts_with("Started flexnode-agent.service")
+            })?
+            .usec;
+            Some(ms(starting, started))
+        })
+        .await
+        .expect("the journal does not show the restart")
     }
 
     /// The running agent's `/proc/PID` as the host reaches it (the container's procfs).
@@ -272,42 +241,48 @@ fn now_usec() -> u64 {
         .unwrap_or_default()
 }
 
+/// The first line at or after `from` whose message `pred` accepts.
+fn first_where(lines: &[Line], from: u64, pred: impl Fn(&str) -> bool) -> Option<&Line> {
+    lines.iter().find(|l| l.usec >= from && pred(&l.message))
+}
+
 /// The moments of `op`'s hand-off, each the first line after the one before it.
 fn handoff(lines: &[Line], op: &str) -> Option<Handoff> {
-    let after = |from: u64, pred: &dyn Fn(&str) -> bool| {
-        lines
-            .iter()
-            .find(|l| l.usec >= from && pred(&l.message))
-            .map(|l| (l.usec, l.message.as_str()))
-    };
     let claimed = format!("OperationClaimed(AgentUpgrade {op})");
-    let (claim, claim_line) = after(0, &|m| m.contains("transition") && m.contains(&claimed))?;
-    let (staged, _) = after(claim, &|m| m.contains("to=Upgrading/Switching"))?;
-    let (handing_off, _) = after(staged, &|m| m.contains("to=Upgrading/HandingOff"))?;
-    let (stopping, _) = after(handing_off, &|m| {
+    let claim = first_where(lines, 0, |m| {
+        m.contains("transition") && m.contains(&claimed)
+    })?;
+    let staged = first_where(lines, claim.usec, |m| m.contains("to=Upgrading/Switching"))?.usec;
+    let handing_off = first_where(lines, staged, |m| m.contains("to=Upgrading/HandingOff"))?.usec;
+    let stopping = first_where(lines, handing_off, |m| {
         m.starts_with("Stopping flexnode-agent.service")
-    })?;
-    let (exited, _) = after(stopping, &|m| {
+    })?
+    .usec;
+    let exited = first_where(lines, stopping, |m| {
         m.starts_with("flexnode-agent.service: Deactivated successfully")
-    })?;
-    let (starting, _) = after(exited, &|m| m.contains("flexnode daemon starting"))?;
-    let (judged, judged_line) = after(starting, &|m| m.contains("input=DaemonStarted("))?;
-    let (ready, _) = after(judged, &|m| m.starts_with("Started flexnode-agent.service"))?;
+    })?
+    .usec;
+    let starting = first_where(lines, exited, |m| m.contains("flexnode daemon starting"))?.usec;
+    let judged = first_where(lines, starting, |m| m.contains("input=DaemonStarted("))?;
+    let ready = first_where(lines, judged.usec, |m| {
+        m.starts_with("Started flexnode-agent.service")
+    })?
+    .usec;
     // `… agent=slot blue input=OperationClaimed(…)`, `… input=DaemonStarted(slot green) …`
     let between = |m: &str, open: &str, close: &str| {
         let rest = &m[m.find(open)? + open.len()..];
         Some(rest[..rest.find(close)?].to_string())
     };
-    let from_build = between(claim_line, "agent=", " input=")?;
-    let to_build = between(judged_line, "input=DaemonStarted(", ")")?;
+    let from_build = between(&claim.message, "agent=", " input=")?;
+    let to_build = between(&judged.message, "input=DaemonStarted(", ")")?;
     Some(Handoff {
-        claim,
+        claim: claim.usec,
         staged,
         handing_off,
         stopping,
         exited,
         starting,
-        judged,
+        judged: judged.usec,
         ready,
         from_build,
         to_build,
