@@ -80,11 +80,11 @@ guest_bin() {
 }
 
 # next_bin VERSION: the same sources built to report VERSION (FLEXNODE_VERSION, src/lib.rs),
-# in a target dir of its own (so neither build invalidates the other): the build an upgrade
+# in a target dir of its own beside the tests' (so neither build invalidates the other): the build an upgrade
 # goes to, which `version` tells apart from the installed one. A debug build: the suites run
 # no node image's unpack under it, and an optimized build costs minutes per change.
 next_bin() {
-  local target="$CACHE/target-lab-next"
+  local target="${CARGO_TARGET_DIR:-$CACHE/target}-lab-next"
   log "cargo build --bin flexnode as version $1 (target dir $target)"
   (cd "$REPO" && CARGO_TARGET_DIR="$target" FLEXNODE_VERSION="$1" cargo build --locked --bin flexnode >&2) \
     || die "cargo build of the next build failed"
