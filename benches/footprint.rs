@@ -100,7 +100,7 @@ fn store_commits() -> Value {
         intents.push(start.elapsed().as_secs_f64() * 1000.0);
         let start = Instant::now();
         store
-            .finish_step(seq, "ok", t.plus_secs(i))
+            .finish_step(seq, "ok", None, t.plus_secs(i))
             .expect("outcome");
         outcomes.push(start.elapsed().as_secs_f64() * 1000.0);
     }

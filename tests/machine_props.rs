@@ -348,7 +348,7 @@ fn input_strategy(secret: String) -> impl Strategy<Value = Input> {
         }),
         4 => Just(Input::EffectsDone),
         2 => Just(Input::EffectsFailed { message: "effect failed".into() }),
-        2 => builds.prop_map(|running| Input::DaemonStarted { running }),
+        2 => (builds.clone(), prop::option::of(builds)).prop_map(|(running, selected)| Input::DaemonStarted { running, selected }),
         1 => Just(Input::RecoveryRequested { message: "recovered".into() }),
         1 => Just(Input::ResetRequested),
         2 => Just(Input::Tick),

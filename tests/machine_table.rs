@@ -71,7 +71,10 @@ fn failed(msg: &str) -> Input {
     }
 }
 fn started(build: AgentBuild) -> Input {
-    Input::DaemonStarted { running: build }
+    Input::DaemonStarted {
+        running: build.clone(),
+        selected: Some(build),
+    }
 }
 fn recover() -> Input {
     Input::RecoveryRequested {

@@ -86,13 +86,21 @@ fn intent_is_kept_until_the_outcome_is_recorded() {
     assert_eq!(store.journal(10).expect("journal")[0].outcome, None);
     let mut store = store;
     store
-        .finish_step(seq, "ok", T.plus_secs(1))
+        .finish_step(seq, "ok", Some(&Input::EffectsDone), T.plus_secs(1))
         .expect("outcome");
     assert_eq!(store.load().expect("load").pending, None);
     assert_eq!(
         store.journal(10).expect("journal")[0].outcome.as_deref(),
         Some("ok")
     );
+    // The outcome waits, across a reopen, until the next step is begun on it.
+    drop(store);
+    let mut store = Store::open(&p).expect("reopen");
+    assert_eq!(store.load().expect("load").report, Some(Input::EffectsDone));
+    store
+        .begin_step(&from, &Input::EffectsDone, &from, &[], T.plus_secs(2))
+        .expect("next step");
+    assert_eq!(store.load().expect("load").report, None);
 }
 
 #[test]
@@ -116,7 +124,7 @@ fn the_journal_is_append_only() {
 #[test]
 fn results_wait_in_the_outbox_until_published() {
     let dir = tempfile::tempdir().expect("tmp");
-    let store = Store::open(&path(&dir)).expect("open");
+    let mut store = Store::open(&path(&dir)).expect("open");
     let op = OpRef {
         name: "op".into(),
         uid: "u1".into(),
@@ -127,14 +135,24 @@ fn results_wait_in_the_outbox_until_published() {
         started_at: T,
         machine_generation: 3,
     };
-    store.record_result(&op, &result, T).expect("record");
+    // A result enters the outbox with the intent of the step that decides it.
+    let publish = |result: &OpResult| {
+        vec![Effect::PublishResult {
+            op: op.clone(),
+            result: result.clone(),
+        }]
+    };
+    let s = NodeState::default();
+    store
+        .begin_step(&s, &Input::Tick, &s, &publish(&result), T)
+        .expect("record");
     // The first result recorded for a UID wins.
     let other = OpResult {
         reason: ResultReason::ExecutionFailed,
         ..result.clone()
     };
     store
-        .record_result(&op, &other, T.plus_secs(5))
+        .begin_step(&s, &Input::Tick, &s, &publish(&other), T.plus_secs(5))
         .expect("record again");
     let waiting = store.unpublished().expect("outbox");
     assert_eq!(waiting.len(), 1);

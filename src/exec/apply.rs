@@ -71,19 +71,15 @@ where
                     .report_progress(op, message, *machine_generation, *started_at)
                     .await
             }
-            // Durable first; delivery may fail and is retried from the outbox.
-            Effect::PublishResult { op, result } => {
-                self.store
-                    .record_result(op, result, now)
-                    .map_err(store_failed)?;
-                self.deliver(op).await.or_else(|e| match e {
-                    EffectError::Crashed => Err(e),
-                    EffectError::Failed(message) => {
-                        tracing::warn!(%op, %message, "result kept for re-publication");
-                        Ok(())
-                    }
-                })
-            }
+            // The result entered the outbox with the intent (`Store::begin_step`); delivery
+            // may fail and is retried from there.
+            Effect::PublishResult { op, .. } => self.deliver(op).await.or_else(|e| match e {
+                EffectError::Crashed => Err(e),
+                EffectError::Failed(message) => {
+                    tracing::warn!(%op, %message, "result kept for re-publication");
+                    Ok(())
+                }
+            }),
             Effect::AwaitPublished { op } => self.deliver(op).await,
             // Machine status is re-reported on later transitions; a miss is not fatal.
             Effect::ReportMachine {

@@ -109,60 +109,75 @@ where
         Ok(self.store.load()?.state)
     }
 
-    /// Feeds one input and follows it through every step whose effects it must report.
+    /// Feeds one input and follows it through every step whose outcome the core waits for.
+    /// What an earlier process left comes first: an interrupted step is finished (unless
+    /// `input` preempts it, [`crate::machine::preempts`]), and an outcome it recorded but did
+    /// not report is fed.
     pub async fn feed(&mut self, input: Input) -> Result<Fed, ExecError> {
-        let mut input = input;
-        let mut reporting = false;
+        self.drive(Some(input)).await
+    }
+
+    async fn drive(&mut self, mut input: Option<Input>) -> Result<Fed, ExecError> {
         loop {
             let persisted = self.store.load()?;
-            if let Some(intent) = persisted.pending {
-                // An earlier step's effects never finished (crash): finish them first.
-                self.resume_intent(&intent, &persisted.state).await?;
+            let now = self.clock.now();
+            if let Some(intent) = &persisted.pending {
+                // Without an input of its own (a process starting), a deadline that passed
+                // while no process ran may preempt.
+                let first = input.clone().unwrap_or(Input::Tick);
+                if crate::machine::preempts(&persisted.state, &first, &self.policy, now) {
+                    tracing::warn!(seq = intent.seq, state = %persisted.state, input = %first,
+                        "an interrupted step is superseded");
+                    self.store.finish_step(
+                        intent.seq,
+                        &format!("superseded by {first}"),
+                        None,
+                        now,
+                    )?;
+                    input = Some(first);
+                } else {
+                    self.resume_intent(intent, &persisted.state).await?;
+                }
                 continue;
             }
             let from = persisted.state;
-            let now = self.clock.now();
-            let next = match step(&from, &input, &self.policy, now) {
+            let (next_input, is_report) = match (persisted.report, input.take()) {
+                (Some(report), caller) => {
+                    input = caller;
+                    (report, true)
+                }
+                (None, Some(caller)) => (caller, false),
+                (None, None) => return Ok(Fed::Accepted(Box::new(from))),
+            };
+            let next = match step(&from, &next_input, &self.policy, now) {
                 Ok(next) => next,
-                // An outcome nobody waits for: the input that caused it was accepted.
-                Err(_) if reporting => return Ok(Fed::Accepted(Box::new(from))),
+                Err(refusal) if is_report => {
+                    tracing::debug!(%refusal, "an outcome nobody waits for");
+                    self.store.clear_report()?;
+                    continue;
+                }
                 Err(refusal) => return Ok(Fed::Refused(refusal)),
             };
             // Nothing happens: nothing to record (timers and re-observations are frequent).
             if next.effects.is_empty() && next.next == from {
-                return Ok(Fed::Accepted(Box::new(from)));
-            }
-            if let Input::OperationClaimed(claim) = &input {
-                self.store.record_claim(
-                    &claim.op,
-                    claim.kind.name(),
-                    claim.machine_generation,
-                    now,
-                )?;
+                if is_report {
+                    self.store.clear_report()?;
+                }
+                continue;
             }
             let seq = self
                 .store
-                .begin_step(&from, &input, &next.next, &next.effects, now)?;
+                .begin_step(&from, &next_input, &next.next, &next.effects, now)?;
             // A hand-off that ended here (e.g. its deadline rolled it back) makes this process
             // the agent again.
             if !next.next.awaits_successor() {
                 self.restart_requested = false;
             }
-            tracing::info!(from = %from, input = %input, to = %next.next, "transition");
-            if next.effects.is_empty() {
-                return Ok(Fed::Accepted(Box::new(next.next)));
+            tracing::info!(from = %from, input = %next_input, to = %next.next, "transition");
+            if !next.effects.is_empty() {
+                let outcome = self.run_effects(&next.effects, None).await;
+                self.record_outcome(seq, &next.next, outcome, "")?;
             }
-            let outcome = self.run_effects(&next.effects, None).await;
-            let Some(report) = self.record_outcome(seq, outcome, "")? else {
-                return Err(ExecError::Crashed);
-            };
-            // A failure always goes back to the core (a hand-off whose restart could not be
-            // scheduled must roll back); success only where the state waits for it.
-            if !next.next.awaits_effects() && report == Input::EffectsDone {
-                return Ok(Fed::Accepted(Box::new(next.next)));
-            }
-            input = report;
-            reporting = true;
         }
     }
 
@@ -178,10 +193,29 @@ where
             );
             return Ok(Fed::Accepted(Box::new(self.state()?)));
         }
-        let fed = self.feed(Input::DaemonStarted { running }).await?;
+        let selected = self.selected_build().await?;
+        let fed = self
+            .feed(Input::DaemonStarted { running, selected })
+            .await?;
         self.converge_units().await?;
         self.prune_agent_images().await?;
         Ok(fed)
+    }
+
+    /// The build the host selects to run (the `current` link, the image selection): what
+    /// systemd starts next. Unknown on a node not joined, or if it cannot be read (logged).
+    async fn selected_build(&self) -> Result<Option<AgentBuild>, ExecError> {
+        let Some(node) = self.state()?.node().cloned() else {
+            return Ok(None);
+        };
+        match self.effects.host.selected_agent(node.mode).await {
+            Ok(selected) => Ok(selected),
+            Err(EffectError::Crashed) => Err(ExecError::Crashed),
+            Err(EffectError::Failed(message)) => {
+                tracing::warn!(%message, "the selected agent build is unknown");
+                Ok(None)
+            }
+        }
     }
 
     /// The agent's units as this build ships them, at every daemon start once a hand-off is
@@ -252,50 +286,49 @@ where
         self.restart_requested
     }
 
-    /// Finishes the effects of a step interrupted by a crash, probing each first.
-    pub async fn resume(&mut self) -> Result<(), ExecError> {
-        let persisted = self.store.load()?;
-        if let Some(intent) = persisted.pending {
-            self.resume_intent(&intent, &persisted.state).await?;
-        }
-        Ok(())
+    /// A copy of a process's memory (the simulation's fork of a running node).
+    pub(crate) fn set_restart_requested(&mut self, requested: bool) {
+        self.restart_requested = requested;
     }
 
+    /// Finishes what an earlier process left: an interrupted step (or its deadline, if that
+    /// passed meanwhile and preempts it) and an outcome it recorded but did not report.
+    pub async fn resume(&mut self) -> Result<(), ExecError> {
+        self.drive(None).await.map(drop)
+    }
+
+    /// Runs again the effects of a step a crash interrupted; each probes first.
     async fn resume_intent(&mut self, intent: &Intent, state: &NodeState) -> Result<(), ExecError> {
         tracing::warn!(seq = intent.seq, state = %state, "resuming effects interrupted by a crash");
         let outcome = self.run_effects(&intent.effects, Some(intent.at)).await;
-        let Some(report) = self.record_outcome(intent.seq, outcome, " (resumed)")? else {
-            return Err(ExecError::Crashed);
-        };
-        if (state.awaits_effects() || report != Input::EffectsDone)
-            && let Fed::Refused(r) = Box::pin(self.feed(report)).await?
-        {
-            tracing::debug!(refusal = %r, "outcome of a resumed step not needed");
-        }
-        Ok(())
+        self.record_outcome(intent.seq, state, outcome, " (resumed)")
     }
 
-    /// Records a step's outcome; `None` when the process "died" (simulation).
+    /// Records a step's outcome, with what the core must still be told in the same write: a
+    /// failure always (a hand-off whose restart could not be scheduled must roll back),
+    /// success where `state` waits for it. A crash (simulation) records nothing.
     fn record_outcome(
         &mut self,
         seq: i64,
+        state: &NodeState,
         outcome: Result<(), EffectError>,
         suffix: &str,
-    ) -> Result<Option<Input>, ExecError> {
+    ) -> Result<(), ExecError> {
         let now = self.clock.now();
-        match outcome {
-            Ok(()) => {
-                self.store.finish_step(seq, &format!("ok{suffix}"), now)?;
-                Ok(Some(Input::EffectsDone))
-            }
+        let (text, report) = match outcome {
+            Ok(()) => (format!("ok{suffix}"), Input::EffectsDone),
             Err(EffectError::Failed(message)) => {
                 tracing::warn!(seq, %message, "effect failed");
-                self.store
-                    .finish_step(seq, &format!("failed{suffix}: {message}"), now)?;
-                Ok(Some(Input::EffectsFailed { message }))
+                (
+                    format!("failed{suffix}: {message}"),
+                    Input::EffectsFailed { message },
+                )
             }
-            Err(EffectError::Crashed) => Ok(None),
-        }
+            Err(EffectError::Crashed) => return Err(ExecError::Crashed),
+        };
+        let report = (state.awaits_effects() || report != Input::EffectsDone).then_some(report);
+        self.store.finish_step(seq, &text, report.as_ref(), now)?;
+        Ok(())
     }
 
     /// Runs a step's effects in order. `resumed`: the time of the intent of a step that an

@@ -9,7 +9,10 @@ use crate::effects::{
     Containerd, EffectError, EffectResult, Host, NodeSeen, Publisher, Systemd, machine_unit,
 };
 use crate::machine::state::Side;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+// Tokio's monotonic clock: a paused test runtime (the crash simulation's) lets a wait of
+// minutes pass at once.
+use tokio::time::Instant;
 
 /// How long a started machine's kubelet has to report its Node Ready.
 pub const NODE_READY_TIMEOUT: Duration = Duration::from_secs(600);

@@ -87,9 +87,12 @@ pub enum Input {
     EffectsFailed {
         message: String,
     },
-    /// A daemon process started (after pending effects were resumed) running `running`.
+    /// A daemon process started (after pending effects were resumed) running `running`;
+    /// `selected`: the build the host selects to run (the `current` link, the image
+    /// selection), if known.
     DaemonStarted {
         running: AgentBuild,
+        selected: Option<AgentBuild>,
     },
     /// The recovery unit found the agent crash-looping (run by the last-good build).
     RecoveryRequested {
@@ -147,7 +150,12 @@ impl fmt::Display for Input {
             Self::EffectsFailed { message } | Self::RecoveryRequested { message } => {
                 write!(f, "({message})")
             }
-            Self::DaemonStarted { running } => write!(f, "({running})"),
+            Self::DaemonStarted { running, selected } => match selected {
+                Some(selected) if selected != running => {
+                    write!(f, "({running}; {selected} selected)")
+                }
+                Some(_) | None => write!(f, "({running})"),
+            },
             Self::EffectsDone | Self::ResetRequested | Self::Tick => Ok(()),
         }
     }

@@ -23,5 +23,5 @@ pub use effect::Effect;
 pub use input::Input;
 pub use refusal::Refusal;
 pub use state::NodeState;
-pub use step::{Step, step};
+pub use step::{Step, preempts, step};
 pub use time::Timestamp;

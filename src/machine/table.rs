@@ -72,7 +72,7 @@ pub fn claim_kinds() -> Vec<ClaimKind> {
 
 /// The input alphabet: every variant of `Input`, and within it every claim kind under each
 /// of [`UIDS`], every Node × Machine observation (generations [`GENERATIONS`]), every build a
-/// daemon can start as.
+/// daemon can start as, selected or not.
 pub fn sample_inputs() -> Vec<Input> {
     let join = |mode, agent| {
         Input::Join(JoinRequest {
@@ -125,15 +125,24 @@ pub fn sample_inputs() -> Vec<Input> {
     inputs.push(Input::EffectsFailed {
         message: "effect failed".into(),
     });
-    for running in [
+    let builds = [
         AgentBuild::Slot { slot: Slot::Blue },
         AgentBuild::Slot { slot: Slot::Green },
         installed,
         AgentBuild::Image {
             digest: digest(DIGEST_UPGRADE),
         },
-    ] {
-        inputs.push(Input::DaemonStarted { running });
+    ];
+    // Each build running as the host selects it, and (the selection unknown or another
+    // build) not.
+    for (i, running) in builds.iter().enumerate() {
+        let other = &builds[i ^ 1];
+        for selected in [Some(running), None, Some(other)] {
+            inputs.push(Input::DaemonStarted {
+                running: running.clone(),
+                selected: selected.cloned(),
+            });
+        }
     }
     inputs.push(Input::RecoveryRequested {
         message: "upgraded daemon failed repeatedly; restored last-good agent".into(),

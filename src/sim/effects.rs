@@ -185,6 +185,7 @@ impl Systemd for SimHost {
             check_unit_name(unit)?;
             if unit == crate::effects::AGENT_UNIT {
                 w.agent_restarts += 1;
+                w.agent_restart_due = true;
             }
             w.restart_unit(unit)
         })
@@ -571,11 +572,21 @@ impl Publisher for SimHost {
     async fn publish_result(&self, op: &OpRef, result: &OpResult, at: Timestamp) -> EffectResult {
         self.run("publish_result", &op.name, |w| {
             w.api()?;
-            w.api.push(ApiWrite::Result {
+            let write = ApiWrite::Result {
                 op: op.clone(),
                 result: result.clone(),
                 completed_at: at,
-            });
+            };
+            // As on a real API server, writing the status the object already has is no new
+            // version: a re-publish after a crash is not a second result.
+            let current = w
+                .api
+                .iter()
+                .rev()
+                .find(|a| matches!(a, ApiWrite::Result { op: o, .. } if o.uid == op.uid));
+            if current != Some(&write) {
+                w.api.push(write);
+            }
             Ok(())
         })
     }

@@ -42,10 +42,15 @@ pub struct HostSnapshot {
 
 type TimeSource = Arc<dyn Fn() -> Timestamp + Send + Sync>;
 
+/// What a process does where a crash is planned instead of simulating it: it saves what
+/// outlives it and waits for its SIGKILL (`tests/crash_simulation.rs`, the real deaths).
+pub type StopAtCrash = Arc<dyn Fn(&World) + Send + Sync>;
+
 #[derive(Clone, Default)]
 pub struct SimHost {
     world: Arc<Mutex<World>>,
     time: Option<TimeSource>,
+    stop_at_crash: Option<StopAtCrash>,
 }
 
 impl std::fmt::Debug for SimHost {
@@ -73,6 +78,90 @@ impl SimHost {
         self.time = Some(Arc::new(time));
     }
 
+    /// A host with this world (a copy of another's), on `time`.
+    pub fn with_world(world: World, time: impl Fn() -> Timestamp + Send + Sync + 'static) -> Self {
+        Self {
+            world: Arc::new(Mutex::new(world)),
+            time: Some(Arc::new(time)),
+            stop_at_crash: None,
+        }
+    }
+
+    /// At a planned crash, run `stop` (which never returns) instead of simulating the death.
+    pub fn stop_at_crash(&mut self, stop: StopAtCrash) {
+        self.stop_at_crash = Some(stop);
+    }
+
+    /// A new agent or CLI process starts: whatever the last one was is gone.
+    pub fn new_process(&self) {
+        self.world().dead = None;
+    }
+
+    /// The crash the current process died at, if it died; taken (the process is over).
+    pub fn take_death(&self) -> Option<PlannedCrash> {
+        self.world().dead.take()
+    }
+
+    /// The planned crash at the event about to be numbered `index`, `when`, if any.
+    fn planned(w: &mut World, index: usize, when: When) -> Option<PlannedCrash> {
+        let i = w
+            .crash_plan
+            .iter()
+            .position(|c| c.at == index && c.when == when)?;
+        Some(w.crash_plan.remove(i))
+    }
+
+    /// The process dies at `crash` (or stops there for its SIGKILL).
+    fn die(&self, mut w: MutexGuard<'_, World>, crash: PlannedCrash) {
+        if let Some(stop) = &self.stop_at_crash {
+            stop(&w);
+        }
+        w.dead = Some(crash);
+    }
+
+    /// A commit of the store (its commit hook): an event. A crash planned before it rolls it
+    /// back (the process died before the commit landed); one planned after it lets it land.
+    /// A dead process commits nothing. Returns whether to roll back.
+    pub(super) fn commit(&self) -> bool {
+        let mut w = self.world();
+        if w.dead.is_some() {
+            return true;
+        }
+        let (tables, begins) = std::mem::take(&mut w.tx);
+        let index = w.events.len();
+        let step = begins.or(w.step);
+        w.events.push(Event {
+            what: format!("commit({})", tables.join(", ")),
+            step,
+        });
+        if let Some(crash) = Self::planned(&mut w, index, When::Before) {
+            self.die(w, crash);
+            return true;
+        }
+        w.step = step;
+        if let Some(crash) = Self::planned(&mut w, index, When::After) {
+            self.die(w, crash);
+        }
+        false
+    }
+
+    /// A row the store's open transaction changed (its update hook).
+    pub(super) fn row_changed(&self, change: &str, table: &str, rowid: i64) {
+        let mut w = self.world();
+        if table == "journal" && change == "insert" {
+            w.tx.1 = Some(rowid);
+        }
+        let entry = format!("{change} {table}");
+        if !w.tx.0.contains(&entry) {
+            w.tx.0.push(entry);
+        }
+    }
+
+    /// The store's open transaction rolled back (its rollback hook).
+    pub(super) fn rolled_back(&self) {
+        self.world().tx = Default::default();
+    }
+
     pub fn serve_artifact(&self, url: &str, sha256: &str, build: Build) {
         self.world()
             .artifacts
@@ -95,6 +184,8 @@ impl SimHost {
     /// systemd (re)started the agent unit (a new agent process).
     pub fn agent_started(&self) {
         let mut w = self.world();
+        w.dead = None;
+        w.agent_restart_due = false;
         let now = w.now;
         if let Some(u) = w.units.get_mut(crate::effects::AGENT_UNIT) {
             u.active = true;
@@ -189,13 +280,24 @@ impl SimHost {
         }
     }
 
-    /// Records the call and applies a scripted fault, if one is due.
+    /// Records the call (an event) and applies what is due at it: a planned crash, a named
+    /// fault, a broken part. A dead process's calls never reach the host.
     pub(super) fn enter(
         &self,
         call: &'static str,
         detail: &str,
-    ) -> Result<Option<FaultKind>, EffectError> {
+    ) -> Result<Option<PlannedCrash>, EffectError> {
         let mut w = self.world();
+        if w.dead.is_some() {
+            return Err(EffectError::Crashed);
+        }
+        let what = format!("{call}({detail})");
+        let index = w.events.len();
+        let step = w.step;
+        w.events.push(Event {
+            what: what.clone(),
+            step,
+        });
         let mut fired = None;
         for f in w.faults.iter_mut().filter(|f| f.call == call) {
             if f.nth == 0 {
@@ -206,15 +308,50 @@ impl SimHost {
             f.nth = f.nth.saturating_sub(1);
         }
         w.faults.retain(|f| f.nth != u32::MAX);
+        let named = |when| PlannedCrash {
+            at: index,
+            when,
+            down_secs: Some(0),
+        };
+        let (before, after) = match fired {
+            Some(FaultKind::CrashBefore) => (Some(named(When::Before)), None),
+            Some(FaultKind::CrashAfter) => (None, Some(named(When::After))),
+            Some(FaultKind::Fail) | None => (
+                Self::planned(&mut w, index, When::Before),
+                Self::planned(&mut w, index, When::After),
+            ),
+        };
         // A call the process died before making never reached the host.
-        if fired != Some(FaultKind::CrashBefore) {
-            w.calls.push(format!("{call}({detail})"));
+        if let Some(crash) = before {
+            self.die(w, crash);
+            return Err(EffectError::Crashed);
         }
-        match fired {
-            Some(FaultKind::Fail) => Err(EffectError::Failed(format!("{call} failed (injected)"))),
-            Some(FaultKind::CrashBefore) => Err(EffectError::Crashed),
-            Some(FaultKind::CrashAfter) => Ok(Some(FaultKind::CrashAfter)),
-            None => Ok(None),
+        w.calls.push(what.clone());
+        let failure = if fired == Some(FaultKind::Fail) {
+            Some("injected")
+        } else if w.broken.contains(&what) {
+            Some("broken")
+        } else {
+            None
+        };
+        match (failure, after) {
+            (Some(_), Some(crash)) => {
+                self.die(w, crash);
+                Err(EffectError::Crashed)
+            }
+            (Some(why), None) => Err(EffectError::Failed(format!("{call} failed ({why})"))),
+            (None, after) => Ok(after),
+        }
+    }
+
+    /// After a call took effect: the process dies if a crash was planned after it.
+    fn after(&self, crash: Option<PlannedCrash>) -> EffectResult {
+        match crash {
+            Some(crash) => {
+                self.die(self.world(), crash);
+                Err(EffectError::Crashed)
+            }
+            None => Ok(()),
         }
     }
 
@@ -227,10 +364,8 @@ impl SimHost {
 
     /// A read: a crash "after" it is a crash all the same.
     pub(super) fn read(&self, call: &'static str, detail: &str) -> EffectResult {
-        match self.enter(call, detail)? {
-            Some(FaultKind::CrashAfter) => Err(EffectError::Crashed),
-            Some(FaultKind::Fail | FaultKind::CrashBefore) | None => Ok(()),
-        }
+        let crash = self.enter(call, detail)?;
+        self.after(crash)
     }
 
     pub(super) fn run<T>(
@@ -239,11 +374,9 @@ impl SimHost {
         detail: &str,
         f: impl FnOnce(&mut World) -> EffectResult<T>,
     ) -> EffectResult<T> {
-        let fault = self.enter(call, detail)?;
-        let out = f(&mut self.world())?;
-        match fault {
-            Some(FaultKind::CrashAfter) => Err(EffectError::Crashed),
-            Some(FaultKind::Fail | FaultKind::CrashBefore) | None => Ok(out),
-        }
+        let crash = self.enter(call, detail)?;
+        let out = f(&mut self.world());
+        self.after(crash)?;
+        out
     }
 }

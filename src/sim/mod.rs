@@ -8,9 +8,12 @@ mod host;
 mod node;
 mod world;
 
-pub use host::{HostSnapshot, SimHost, UnitSnapshot};
+pub use host::{HostSnapshot, SimHost, StopAtCrash, UnitSnapshot};
 pub use node::{
     GOAL_VERSION, INSTALLED_IMAGE, RECOVERY_MESSAGE, SimClock, SimError, SimNode, SimRunner,
     upgrade,
 };
-pub use world::{ApiWrite, Build, Fault, FaultKind, RestartTimer, SimMachine, SimUnit, World};
+pub use world::{
+    ApiWrite, Build, Event, Fault, FaultKind, PlannedCrash, RestartTimer, SimMachine, SimUnit,
+    When, World,
+};

@@ -3,6 +3,7 @@
 //! way systemd would drive it. Used by the simulation tests and the README's first command.
 
 use super::host::SimHost;
+use super::world::{PlannedCrash, World};
 use crate::config::NodeImage;
 use crate::effects::Effects;
 use crate::exec::{Clock, ExecError, Fed, Runner};
@@ -57,6 +58,10 @@ pub enum SimError {
     NoAgent,
     #[error("gave up after {0} simulated crashes")]
     TooManyCrashes(u32),
+    #[error("the agent died and stays down")]
+    Down,
+    #[error("the saved node: {0}")]
+    Saved(String),
 }
 
 /// The Kubernetes version a simulated join's goal names.
@@ -75,6 +80,8 @@ pub struct SimNode {
     pub daemon_restarts: u32,
     /// The configuration's node images, given to every process's executor.
     pub node_images: BTreeMap<String, NodeImage>,
+    /// The last process died for good: nothing restarts it until someone starts one.
+    stays_down: bool,
 }
 
 impl SimNode {
@@ -91,6 +98,7 @@ impl SimNode {
             crashes: 0,
             daemon_restarts: 0,
             node_images: BTreeMap::new(),
+            stays_down: false,
         }
     }
 
@@ -110,6 +118,8 @@ impl SimNode {
                     other => break other?,
                 }
             };
+            self.host.new_process();
+            watch_commits(&store, &self.host)?;
             let fx = Effects {
                 systemd: self.host.clone(),
                 containerd: self.host.clone(),
@@ -128,42 +138,94 @@ impl SimNode {
         self.runner = None;
     }
 
+    /// The running process's store, to read without opening another connection.
+    pub fn store(&self) -> Option<&Store> {
+        self.runner.as_ref().map(|r| &r.store)
+    }
+
+    /// Whether an agent daemon process runs (not a CLI process, not none).
+    pub fn daemon_running(&self) -> bool {
+        self.runner.as_ref().is_some_and(|r| r.daemon)
+    }
+
     fn sync_clock(&self) {
         self.host.world().now = self.clock.peek();
     }
 
-    /// Feeds an input; when the process dies mid-way, systemd restarts the agent and the new
-    /// process resumes (the input itself was persisted before its effects ran).
+    /// Whether the process the last call ran in died. If it did, it is gone (its store
+    /// closed without clean-up) and the node stays down for the crash's `down_secs`.
+    fn died(&mut self) -> bool {
+        let Some(crash) = self.host.take_death() else {
+            return false;
+        };
+        self.killed(crash);
+        true
+    }
+
+    /// The process died at `crash` (in this process, or a real one SIGKILLed there): it is
+    /// gone, and the node stays down for the crash's `down_secs`.
+    pub fn killed(&mut self, crash: PlannedCrash) {
+        self.crashes += 1;
+        self.runner = None;
+        self.stays_down = crash.down_secs.is_none();
+        self.clock.advance_secs(crash.down_secs.unwrap_or(0));
+        self.sync_clock();
+    }
+
+    /// Feeds an input to the daemon; when the process dies mid-way, systemd restarts the
+    /// agent and the new process resumes (the input itself was persisted before its effects
+    /// ran).
     pub async fn feed(&mut self, input: Input) -> Result<Fed, SimError> {
         self.sync_clock();
-        match self.runner()?.feed(input).await {
-            Ok(fed) => Ok(self.daemon_went_on(fed)),
-            Err(ExecError::Crashed) => {
-                self.died();
-                // The agent's process is gone: its unit is not active until systemd starts it.
-                self.host.agent_exited();
-                if self.host.selected_build().is_some() {
-                    self.daemon_restarts += 1;
-                    self.boot().await
-                } else {
-                    // No agent left to restart (a reset was uninstalling): the operator's next
-                    // `flexnode reset` or `join` finishes what was interrupted.
-                    self.cli_resume().await
-                }
-            }
-            Err(e) => Err(e.into()),
+        let fed = self.runner()?.feed(input).await;
+        if self.died() {
+            return self.after_death().await;
+        }
+        let fed = self.daemon_went_on(fed?);
+        // The daemon restarted its own unit (`RestartAgent`): systemd replaces it.
+        if self.daemon_running() && std::mem::take(&mut self.host.world().agent_restart_due) {
+            return self.restart_daemon().await;
+        }
+        Ok(fed)
+    }
+
+    /// A dead agent process is restarted by systemd; with no agent left to restart (a reset
+    /// was uninstalling), the operator's next `flexnode reset` or `join` finishes what was
+    /// interrupted.
+    pub async fn after_death(&mut self) -> Result<Fed, SimError> {
+        self.host.agent_exited();
+        if self.stays_down {
+            return Err(SimError::Down);
+        }
+        if self.host.selected_build().is_some() {
+            self.daemon_restarts += 1;
+            self.boot().await
+        } else {
+            self.cli_resume().await
         }
     }
 
-    /// A CLI process opens the store and finishes an interrupted step.
+    /// A CLI process opens the store and finishes an interrupted step (run again by the
+    /// operator if it dies too).
     pub async fn cli_resume(&mut self) -> Result<Fed, SimError> {
-        self.stop_process();
-        let runner = self.runner()?;
-        runner.daemon = false;
-        runner.resume().await?;
-        let state = runner.state()?;
-        self.stop_process();
-        Ok(Fed::Accepted(Box::new(state)))
+        for _ in 0..32 {
+            self.stop_process();
+            self.sync_clock();
+            let runner = self.runner()?;
+            runner.daemon = false;
+            let resumed = runner.resume().await;
+            if self.died() {
+                if self.stays_down {
+                    return Err(SimError::Down);
+                }
+                continue;
+            }
+            resumed?;
+            let state = self.runner()?.state()?;
+            self.stop_process();
+            return Ok(Fed::Accepted(Box::new(state)));
+        }
+        Err(SimError::TooManyCrashes(self.crashes))
     }
 
     /// A reset ends the daemon process: its unit goes inactive (and, without its file, away).
@@ -173,11 +235,6 @@ impl SimNode {
             self.stop_process();
         }
         fed
-    }
-
-    fn died(&mut self) {
-        self.crashes += 1;
-        self.runner = None;
     }
 
     /// systemd starts the agent unit: the selected build runs. A crashing build fails until
@@ -193,23 +250,50 @@ impl SimNode {
                 continue;
             }
             self.host.agent_started();
-            match self.runner()?.start(running).await {
-                Ok(fed) => return Ok(self.daemon_went_on(fed)),
-                Err(ExecError::Crashed) => {
-                    self.died();
-                    self.daemon_restarts += 1;
+            let started = self.runner()?.start(running).await;
+            if !self.died() {
+                let started = self.daemon_went_on(started?);
+                // It restarted its own unit onto the selected build: systemd replaces it.
+                if !std::mem::take(&mut self.host.world().agent_restart_due) {
+                    return Ok(started);
                 }
-                Err(e) => return Err(e.into()),
+                self.stop_process();
+                self.host.agent_exited();
+                continue;
+            }
+            self.host.agent_exited();
+            if self.stays_down {
+                return Err(SimError::Down);
+            }
+            self.daemon_restarts += 1;
+            if self.host.selected_build().is_none() {
+                return self.cli_resume().await;
             }
         }
         Err(SimError::TooManyCrashes(self.crashes))
     }
 
+    /// systemd restarts the agent unit (an operator's `systemctl restart`, or a new boot).
+    pub async fn restart_daemon(&mut self) -> Result<Fed, SimError> {
+        self.stop_process();
+        self.host.agent_exited();
+        self.boot().await
+    }
+
+    /// The recovery unit runs (the agent unit failed repeatedly).
+    pub async fn recovery_unit(&mut self) -> Result<(), SimError> {
+        self.stop_process();
+        self.host.agent_exited();
+        self.recover().await
+    }
+
     /// The recovery unit: `recover-agent-upgrade` of the last-good build. It is not the agent
-    /// daemon, so an interrupted restart of the agent is finished, not skipped.
+    /// daemon, so an interrupted restart of the agent is finished, not skipped. A recovery
+    /// that dies is run again (systemd's `OnFailure=` again).
     async fn recover(&mut self) -> Result<(), SimError> {
-        loop {
+        for _ in 0..32 {
             self.stop_process();
+            self.sync_clock();
             let runner = self.runner()?;
             runner.daemon = false;
             let fed = runner
@@ -217,27 +301,64 @@ impl SimNode {
                     message: RECOVERY_MESSAGE.into(),
                 })
                 .await;
-            match fed {
-                Ok(Fed::Accepted(_) | Fed::Refused(_)) => {
-                    self.stop_process();
-                    let still_crashing = self.host.selected_build().is_none_or(|(_, b)| b.crashes);
-                    return if still_crashing {
-                        Err(SimError::CrashLoop)
-                    } else {
-                        Ok(())
-                    };
+            if self.died() {
+                if self.stays_down {
+                    return Err(SimError::Down);
                 }
-                Err(ExecError::Crashed) => self.died(),
-                Err(e) => return Err(e.into()),
+                continue;
             }
+            fed?;
+            self.stop_process();
+            let still_crashing = self.host.selected_build().is_none_or(|(_, b)| b.crashes);
+            return if still_crashing {
+                Err(SimError::CrashLoop)
+            } else {
+                Ok(())
+            };
         }
+        Err(SimError::TooManyCrashes(self.crashes))
+    }
+
+    /// `flexnode reset --yes`: the agent unit is stopped, then a CLI process resets the node,
+    /// ticking until it is Unjoined (run again by the operator if it dies).
+    pub async fn cli_reset(&mut self) -> Result<Fed, SimError> {
+        self.stop_process();
+        self.host.agent_exited();
+        for _ in 0..32 {
+            self.stop_process();
+            self.sync_clock();
+            let runner = self.runner()?;
+            runner.daemon = false;
+            let mut input = Input::ResetRequested;
+            let mut left = 16;
+            let fed = loop {
+                let fed = runner.feed(input).await;
+                let unjoined = matches!(runner.state(), Ok(NodeState::Unjoined { .. }));
+                left -= 1;
+                if fed.is_err() || unjoined || left == 0 {
+                    break fed;
+                }
+                input = Input::Tick;
+            };
+            if self.died() {
+                if self.stays_down {
+                    return Err(SimError::Down);
+                }
+                continue;
+            }
+            let fed = fed?;
+            self.stop_process();
+            return Ok(fed);
+        }
+        Err(SimError::TooManyCrashes(self.crashes))
     }
 
     /// Fires pending restart timers: the old daemon is killed and the selected build starts.
     pub async fn settle(&mut self) -> Result<(), SimError> {
         loop {
             let timers = std::mem::take(&mut self.host.world().restart_timers);
-            if timers.is_empty() {
+            // A timer whose agent was uninstalled since restarts nothing.
+            if timers.is_empty() || self.host.selected_build().is_none() {
                 return Ok(());
             }
             self.clock.advance_secs(1);
@@ -245,6 +366,92 @@ impl SimNode {
         }
     }
 
+    /// A copy of this node in `path` (its store) as it is now, down to the running
+    /// process's memory (whether it is the daemon, whether it asked for its own restart),
+    /// to run something on without touching this one.
+    pub fn fork(&self, path: &Path) -> Result<SimNode, SimError> {
+        copy_store(&self.path, path)?;
+        let mut node = SimNode::with(path, self.host.world().clone(), self.clock.peek());
+        node.crashes = self.crashes;
+        node.daemon_restarts = self.daemon_restarts;
+        node.node_images = self.node_images.clone();
+        node.start_process(self.process())?;
+        Ok(node)
+    }
+
+    /// The node on disk in `dir` (`state/state.db`, `world.json`), for another OS process to
+    /// carry on from ([`SimNode::restore`]).
+    pub fn save(&self, dir: &Path) -> Result<(), SimError> {
+        copy_store(&self.path, &dir.join("state/state.db"))?;
+        let saved = Saved {
+            world: self.host.world().clone(),
+            clock: self.clock.peek(),
+            process: self.process(),
+        };
+        save_json(&dir.join("world.json"), &saved)
+    }
+
+    /// The world and clock as they were when a process stopped at a planned crash, written
+    /// over what [`SimNode::save`] wrote (the store is as that process left it).
+    pub fn save_world(dir: &Path, world: &World, clock: Timestamp) -> Result<(), SimError> {
+        let saved = Saved {
+            world: world.clone(),
+            clock,
+            process: None,
+        };
+        save_json(&dir.join("world.json"), &saved)
+    }
+
+    /// The node saved in `dir`, configured with `node_images`, its process (if one ran)
+    /// started again with its memory.
+    pub fn restore(
+        dir: &Path,
+        node_images: BTreeMap<String, NodeImage>,
+    ) -> Result<SimNode, SimError> {
+        let text = std::fs::read_to_string(dir.join("world.json"))
+            .map_err(|e| SimError::Saved(e.to_string()))?;
+        let saved: Saved =
+            serde_json::from_str(&text).map_err(|e| SimError::Saved(e.to_string()))?;
+        let mut node = SimNode::with(&dir.join("state/state.db"), saved.world, saved.clock);
+        node.node_images = node_images;
+        node.start_process(saved.process)?;
+        Ok(node)
+    }
+
+    fn with(path: &Path, world: World, now: Timestamp) -> SimNode {
+        let clock = SimClock::starting_at(now);
+        let tick = clock.clone();
+        SimNode {
+            host: SimHost::with_world(world, move || tick.peek()),
+            clock,
+            path: path.to_path_buf(),
+            runner: None,
+            crashes: 0,
+            daemon_restarts: 0,
+            node_images: BTreeMap::new(),
+            stays_down: false,
+        }
+    }
+
+    /// The running process's memory: whether it is the daemon, and whether it asked for its
+    /// own restart.
+    fn process(&self) -> Option<(bool, bool)> {
+        self.runner
+            .as_ref()
+            .map(|r| (r.daemon, r.restart_requested()))
+    }
+
+    fn start_process(&mut self, process: Option<(bool, bool)>) -> Result<(), SimError> {
+        if let Some((daemon, restart_requested)) = process {
+            let runner = self.runner()?;
+            runner.daemon = daemon;
+            runner.set_restart_requested(restart_requested);
+        }
+        Ok(())
+    }
+
+    /// `flexnode join` (a command, not the daemon), run again if it dies (the bootstrap unit
+    /// restarts on failure).
     pub async fn join(&mut self, mode: InstallMode, node: &str) -> Result<Fed, SimError> {
         let agent = match mode {
             InstallMode::Host => AgentBuild::Slot { slot: Slot::Blue },
@@ -252,20 +459,32 @@ impl SimNode {
                 digest: Sha256Hex::parse(INSTALLED_IMAGE).ok_or(SimError::NoAgent)?,
             },
         };
-        let fed = self
-            .feed(Input::Join(JoinRequest {
-                node_name: node.into(),
-                mode,
-                arch: Arch::Amd64,
-                goal: Goal {
-                    generation: 1,
-                    kubernetes_version: GOAL_VERSION.into(),
-                },
-                agent,
-            }))
-            .await?;
-        self.stop_process();
-        Ok(fed)
+        let input = Input::Join(JoinRequest {
+            node_name: node.into(),
+            mode,
+            arch: Arch::Amd64,
+            goal: Goal {
+                generation: 1,
+                kubernetes_version: GOAL_VERSION.into(),
+            },
+            agent,
+        });
+        for _ in 0..32 {
+            self.stop_process();
+            self.sync_clock();
+            let runner = self.runner()?;
+            runner.daemon = false;
+            let fed = runner.feed(input.clone()).await;
+            if self.died() {
+                if self.stays_down {
+                    return Err(SimError::Down);
+                }
+                continue;
+            }
+            self.stop_process();
+            return Ok(fed?);
+        }
+        Err(SimError::TooManyCrashes(self.crashes))
     }
 
     pub async fn claim(&mut self, uid: &str, kind: ClaimKind) -> Result<Fed, SimError> {
@@ -279,6 +498,83 @@ impl SimNode {
         }))
         .await
     }
+}
+
+/// What [`SimNode::save`] writes beside the store.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Saved {
+    world: World,
+    clock: Timestamp,
+    process: Option<(bool, bool)>,
+}
+
+/// A copy of the store at `from` in `to`, whose directory is made 0700 as the store wants.
+/// The store is at rest (no process is inside a transaction), so its file and write-ahead
+/// log copied as they are make the same database.
+fn copy_store(from: &Path, to: &Path) -> Result<(), SimError> {
+    let io = |path: &Path, source| {
+        SimError::Exec(ExecError::Store(crate::store::StoreError::Io {
+            path: path.to_path_buf(),
+            source,
+        }))
+    };
+    if let Some(dir) = to.parent() {
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+            .create(dir)
+            .map_err(|e| io(dir, e))?;
+    }
+    // A node no process ran on has no store yet.
+    if !from.exists() {
+        return Ok(());
+    }
+    std::fs::copy(from, to).map_err(|e| io(from, e))?;
+    let (wal_from, wal_to) = (with_suffix(from, "-wal"), with_suffix(to, "-wal"));
+    if wal_from.exists() {
+        std::fs::copy(&wal_from, &wal_to).map_err(|e| io(&wal_from, e))?;
+    }
+    Ok(())
+}
+
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(suffix);
+    PathBuf::from(p)
+}
+
+fn save_json(path: &Path, saved: &Saved) -> Result<(), SimError> {
+    let text = serde_json::to_string(saved).map_err(|e| SimError::Saved(e.to_string()))?;
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| SimError::Saved(e.to_string()))
+}
+
+/// Every commit of the process's store is an event of the simulated world, where a planned
+/// crash can strike (`SimHost::commit`).
+fn watch_commits(store: &Store, host: &SimHost) -> Result<(), ExecError> {
+    let mut conn = store.conn();
+    let h = host.clone();
+    let hooks = conn
+        .update_hook(Some(
+            move |change: rusqlite::hooks::Action, _db: &str, table: &str, rowid: i64| {
+                let change = match change {
+                    rusqlite::hooks::Action::SQLITE_INSERT => "insert",
+                    rusqlite::hooks::Action::SQLITE_UPDATE => "update",
+                    rusqlite::hooks::Action::SQLITE_DELETE => "delete",
+                    _ => "change",
+                };
+                h.row_changed(change, table, rowid);
+            },
+        ))
+        .and_then(|()| {
+            let h = host.clone();
+            conn.commit_hook(Some(move || h.commit()))
+        })
+        .and_then(|()| {
+            let h = host.clone();
+            conn.rollback_hook(Some(move || h.rolled_back()))
+        });
+    hooks.map_err(|e| ExecError::Store(e.into()))
 }
 
 /// The digest of the image a simulated container install starts from.

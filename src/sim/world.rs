@@ -7,10 +7,11 @@ use crate::machine::Timestamp;
 use crate::machine::agent::{AgentBuild, Slot};
 use crate::machine::result::{MachinePhase, OpResult};
 use crate::machine::state::{OpRef, Side};
-use std::collections::BTreeMap;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// A build the artifact server or registry offers.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Build {
     pub version: String,
     /// The daemon of this build crashes at start (the `version` check still passes).
@@ -20,7 +21,7 @@ pub struct Build {
 /// A unit as systemd knows it: its file (if installed) and its runtime state. As in systemd, a
 /// unit whose file is removed keeps running until stopped; an inactive unit without a file is
 /// forgotten (garbage-collected).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SimUnit {
     pub contents: String,
     /// The unit file is installed (`write_unit`, until `remove_unit`).
@@ -41,7 +42,7 @@ pub struct SimUnit {
 /// A transient timer made by `schedule_restart`. The simulated systemd fires it once its time
 /// has come (restarting the unit at `due`); a harness playing systemd's part for the agent
 /// process takes it from [`World::restart_timers`] instead, and a taken timer never fires.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RestartTimer {
     pub unit: String,
     pub delay_ms: u64,
@@ -50,7 +51,7 @@ pub struct RestartTimer {
     pub fired: bool,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SimMachine {
     pub kubernetes_version: Option<String>,
     /// The node image its tree was unpacked from (hex digest); `None`: the minimal tree.
@@ -67,7 +68,7 @@ pub struct SimMachine {
 }
 
 /// A status write seen by the simulated API server.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ApiWrite {
     Progress {
         op: OpRef,
@@ -106,7 +107,42 @@ pub struct Fault {
     pub nth: u32,
 }
 
-#[derive(Debug, Default)]
+/// A point in the life of the simulated agent processes where one can die: a host call or
+/// a commit of the store.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// `call(detail)`, or `commit(<the rows' tables and changes>)`.
+    pub what: String,
+    /// The journal entry (step) under way: the last one whose intent was committed, or the
+    /// one this commit begins.
+    pub step: Option<i64>,
+}
+
+impl Event {
+    pub fn is_commit(&self) -> bool {
+        self.what.starts_with("commit(")
+    }
+}
+
+/// Before or after an event: a call the process died after took effect; a commit it died
+/// before (or during) did not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum When {
+    Before,
+    After,
+}
+
+/// A death planned at an event (its index in [`World::events`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedCrash {
+    pub at: usize,
+    pub when: When,
+    /// How long the node stays down before an agent process runs again (0: systemd
+    /// restarts the agent at once); `None`: it stays down until someone starts it.
+    pub down_secs: Option<i64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct World {
     pub now: Timestamp,
     pub units: BTreeMap<String, SimUnit>,
@@ -135,12 +171,32 @@ pub struct World {
     pub restart_timers: Vec<RestartTimer>,
     /// `restart` calls on the agent unit.
     pub agent_restarts: u32,
+    /// The agent unit was restarted while a process of it ran: systemd replaces that process
+    /// (the harness playing systemd's part starts the new one).
+    pub agent_restart_due: bool,
     pub api: Vec<ApiWrite>,
     pub api_down: bool,
+    #[serde(skip)]
     pub faults: Vec<Fault>,
+    /// Calls (`call(detail)`) that fail every time: a broken part of the host.
+    pub broken: BTreeSet<String>,
     /// Every call, in order, for assertions on what happened.
     pub calls: Vec<String>,
+    /// Every event (calls and commits) of every process, in order: where deaths strike.
+    pub events: Vec<Event>,
+    /// Deaths to come.
+    pub crash_plan: Vec<PlannedCrash>,
+    /// The current process died at this crash: until a new one starts, nothing it still does
+    /// reaches the host or the store (it is gone; its code may run on inert).
+    pub dead: Option<PlannedCrash>,
+    /// Tables changed by the store's open transaction, and the journal entry it inserts.
+    #[serde(skip)]
+    pub(super) tx: (Vec<String>, Option<i64>),
+    /// The step under way: the journal entry of the last intent committed.
+    #[serde(skip)]
+    pub(super) step: Option<i64>,
     /// Calls that take this long (to act while an effect runs).
+    #[serde(skip)]
     pub slow: BTreeMap<&'static str, std::time::Duration>,
 }
 

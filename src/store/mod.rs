@@ -53,11 +53,13 @@ impl StoreError {
     }
 }
 
-/// The persisted node state plus the intent of a step whose outcome is not recorded yet.
+/// The persisted node state plus the intent of a step whose outcome is not recorded yet, or
+/// the recorded outcome of one the core has not been told yet.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Persisted {
     pub state: NodeState,
     pub pending: Option<Intent>,
+    pub report: Option<Input>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -167,7 +169,10 @@ impl Store {
     }
 
     /// Intent: the next state, its effects and a journal entry without outcome, in one
-    /// transaction, before any effect runs.
+    /// transaction, before any effect runs. With it go what must not depend on the effects
+    /// running: a claimed operation is remembered, and a result the step decides enters the
+    /// outbox (its `completedAt` is this moment), so abandoning or crashing the step loses
+    /// neither. It consumes the outcome report it was taken on, if any.
     pub fn begin_step(
         &mut self,
         from: &NodeState,
@@ -178,53 +183,79 @@ impl Store {
     ) -> Result<i64, StoreError> {
         let mut conn = self.conn();
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        if let Input::OperationClaimed(claim) = input {
+            operations::record_claim(
+                &tx,
+                &claim.op,
+                claim.kind.name(),
+                claim.machine_generation,
+                now,
+            )?;
+        }
+        for effect in effects {
+            if let Effect::PublishResult { op, result } = effect {
+                operations::record_result(&tx, op, result, now)?;
+            }
+        }
         let summaries: Vec<String> = effects.iter().map(ToString::to_string).collect();
-        tx.execute(
-            "INSERT INTO journal (at, from_state, input, to_state, effects) VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![
+        tx.prepare_cached("INSERT INTO journal (at, from_state, input, to_state, effects) VALUES (?1, ?2, ?3, ?4, ?5)")?.execute(params![
                 now.millis(),
                 from.to_string(),
                 input.to_string(),
                 next.to_string(),
                 to_json(&summaries)?
-            ],
-        )?;
+            ])?;
         let seq = tx.last_insert_rowid();
         let pending = (!effects.is_empty())
             .then(|| to_json(&effects))
             .transpose()?;
-        tx.execute(
-            "UPDATE node SET state = ?1, pending = ?2, pending_seq = ?3, updated_at = ?4 WHERE id = 1",
-            params![to_json(next)?, pending, pending.as_ref().map(|_| seq), now.millis()],
-        )?;
+        tx.prepare_cached(
+            "UPDATE node SET state = ?1, pending = ?2, pending_seq = ?3, report = NULL,
+                 updated_at = ?4 WHERE id = 1",
+        )?
+        .execute(params![
+            to_json(next)?,
+            pending,
+            pending.as_ref().map(|_| seq),
+            now.millis()
+        ])?;
         if pending.is_none() {
-            tx.execute(
-                "UPDATE journal SET outcome = 'ok', outcome_at = ?2 WHERE seq = ?1",
-                params![seq, now.millis()],
-            )?;
+            tx.prepare_cached("UPDATE journal SET outcome = 'ok', outcome_at = ?2 WHERE seq = ?1")?
+                .execute(params![seq, now.millis()])?;
         }
         tx.commit()?;
         Ok(seq)
     }
 
-    /// Outcome: closes the journal entry and clears the intent.
+    /// Outcome: closes the journal entry and clears the intent, keeping `report` (what the
+    /// core must still be told) in the same transaction, so no crash can lose it.
     pub fn finish_step(
         &mut self,
         seq: i64,
         outcome: &str,
+        report: Option<&Input>,
         now: Timestamp,
     ) -> Result<(), StoreError> {
+        let report = report.map(to_json).transpose()?;
         let mut conn = self.conn();
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        tx.execute(
+        tx.prepare_cached(
             "UPDATE journal SET outcome = ?2, outcome_at = ?3 WHERE seq = ?1 AND outcome IS NULL",
-            params![seq, outcome, now.millis()],
-        )?;
-        tx.execute(
-            "UPDATE node SET pending = NULL, pending_seq = NULL WHERE id = 1 AND pending_seq = ?1",
-            params![seq],
-        )?;
+        )?
+        .execute(params![seq, outcome, now.millis()])?;
+        tx.prepare_cached(
+            "UPDATE node SET pending = NULL, pending_seq = NULL, report = ?2
+             WHERE id = 1 AND pending_seq = ?1",
+        )?
+        .execute(params![seq, report])?;
         tx.commit()?;
+        Ok(())
+    }
+
+    /// An outcome report the core refused (nobody waited for it) is dropped.
+    pub fn clear_report(&mut self) -> Result<(), StoreError> {
+        self.conn()
+            .execute("UPDATE node SET report = NULL WHERE id = 1", [])?;
         Ok(())
     }
 
@@ -280,25 +311,47 @@ impl StoreReader {
     }
 }
 
-/// state, pending effects, their journal entry, and its time.
-type NodeRow = (String, Option<String>, Option<i64>, Option<i64>);
+/// state, pending effects, their journal entry, its time, and the unreported outcome.
+type NodeRow = (
+    String,
+    Option<String>,
+    Option<i64>,
+    Option<i64>,
+    Option<String>,
+);
 
 fn load(conn: &Connection, path: &Path) -> Result<Persisted, StoreError> {
-    let row: Option<NodeRow> = conn
-        .query_row(
-            "SELECT n.state, n.pending, n.pending_seq, j.at FROM node n
-             LEFT JOIN journal j ON j.seq = n.pending_seq WHERE n.id = 1",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-        )
-        .optional()
+    // A reader may meet a store the daemon has not migrated yet (schema 4 added the report).
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
         .map_err(|e| corrupt(path, &e))?;
-    let Some((state, pending, seq, at)) = row else {
+    let report = if version < 4 { "NULL" } else { "n.report" };
+    let row: Option<NodeRow> = conn
+        .prepare_cached(&format!(
+            "SELECT n.state, n.pending, n.pending_seq, j.at, {report} FROM node n
+             LEFT JOIN journal j ON j.seq = n.pending_seq WHERE n.id = 1"
+        ))
+        .and_then(|mut stmt| {
+            stmt.query_row([], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            })
+            .optional()
+        })
+        .map_err(|e| corrupt(path, &e))?;
+    let Some((state, pending, seq, at, report)) = row else {
         return Ok(Persisted {
             state: NodeState::default(),
             pending: None,
+            report: None,
         });
     };
+    let report = report
+        .map(|json| serde_json::from_str::<Input>(&json))
+        .transpose()
+        .map_err(|e| StoreError::Corrupt {
+            path: path.into(),
+            detail: format!("the recorded outcome does not decode: {e}"),
+        })?;
     let state: NodeState = serde_json::from_str(&state).map_err(|e| StoreError::Corrupt {
         path: path.into(),
         detail: format!("node state does not decode: {e}"),
@@ -320,7 +373,17 @@ fn load(conn: &Connection, path: &Path) -> Result<Persisted, StoreError> {
             });
         }
     };
-    Ok(Persisted { state, pending })
+    if pending.is_some() && report.is_some() {
+        return Err(StoreError::Corrupt {
+            path: path.into(),
+            detail: "an unfinished step and an unreported outcome at once".into(),
+        });
+    }
+    Ok(Persisted {
+        state,
+        pending,
+        report,
+    })
 }
 
 fn lock_path(path: &Path) -> PathBuf {

@@ -47,6 +47,55 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StoredResult> {
     })
 }
 
+/// Remembers a claimed operation (idempotent); written with the claim's intent.
+pub(super) fn record_claim(
+    conn: &Connection,
+    op: &OpRef,
+    kind: &str,
+    generation: i64,
+    now: Timestamp,
+) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO operations (uid, name, generation, kind, first_seen_at)
+         VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT(uid) DO UPDATE SET generation = excluded.generation",
+    )?
+    .execute(params![op.uid, op.name, generation, kind, now.millis()])?;
+    Ok(())
+}
+
+/// Persists a terminal result; the first one recorded for a UID wins. Written with the
+/// intent of the step that decides it.
+pub(super) fn record_result(
+    conn: &Connection,
+    op: &OpRef,
+    result: &OpResult,
+    now: Timestamp,
+) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO operations (uid, name, kind, first_seen_at, result_reason, result_message,
+             started_at, completed_at, machine_generation)
+         VALUES (?1, ?2, '', ?3, ?4, ?5, ?6, ?3, ?7)
+         ON CONFLICT(uid) DO UPDATE SET
+             result_reason = excluded.result_reason,
+             result_message = excluded.result_message,
+             started_at = excluded.started_at,
+             completed_at = excluded.completed_at,
+             machine_generation = excluded.machine_generation
+         WHERE operations.result_reason IS NULL",
+    )?
+    .execute(params![
+        op.uid,
+        op.name,
+        now.millis(),
+        result.reason.as_str(),
+        result.message,
+        result.started_at.millis(),
+        result.machine_generation
+    ])?;
+    Ok(())
+}
+
 fn last_result(conn: &Connection) -> Result<Option<StoredResult>, StoreError> {
     Ok(conn
         .query_row(
@@ -58,59 +107,12 @@ fn last_result(conn: &Connection) -> Result<Option<StoredResult>, StoreError> {
 }
 
 impl Store {
-    /// Remembers a claimed operation (idempotent).
-    pub fn record_claim(
-        &self,
-        op: &OpRef,
-        kind: &str,
-        generation: i64,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        self.conn().execute(
-            "INSERT INTO operations (uid, name, generation, kind, first_seen_at)
-             VALUES (?1, ?2, ?3, ?4, ?5)
-             ON CONFLICT(uid) DO UPDATE SET generation = excluded.generation",
-            params![op.uid, op.name, generation, kind, now.millis()],
-        )?;
-        Ok(())
-    }
-
-    /// Persists a terminal result; the first one recorded for a UID wins.
-    pub fn record_result(
-        &self,
-        op: &OpRef,
-        result: &OpResult,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        self.conn().execute(
-            "INSERT INTO operations (uid, name, kind, first_seen_at, result_reason, result_message,
-                 started_at, completed_at, machine_generation)
-             VALUES (?1, ?2, '', ?3, ?4, ?5, ?6, ?3, ?7)
-             ON CONFLICT(uid) DO UPDATE SET
-                 result_reason = excluded.result_reason,
-                 result_message = excluded.result_message,
-                 started_at = excluded.started_at,
-                 completed_at = excluded.completed_at,
-                 machine_generation = excluded.machine_generation
-             WHERE operations.result_reason IS NULL",
-            params![
-                op.uid,
-                op.name,
-                now.millis(),
-                result.reason.as_str(),
-                result.message,
-                result.started_at.millis(),
-                result.machine_generation
-            ],
-        )?;
-        Ok(())
-    }
-
     pub fn mark_published(&self, uid: &str, now: Timestamp) -> Result<(), StoreError> {
-        self.conn().execute(
-            "UPDATE operations SET published_at = ?2 WHERE uid = ?1 AND published_at IS NULL",
-            params![uid, now.millis()],
-        )?;
+        self.conn()
+            .prepare_cached(
+                "UPDATE operations SET published_at = ?2 WHERE uid = ?1 AND published_at IS NULL",
+            )?
+            .execute(params![uid, now.millis()])?;
         Ok(())
     }
 

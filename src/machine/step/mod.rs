@@ -13,7 +13,7 @@ use super::input::{Claim, Input};
 use super::policy::Policy;
 use super::refusal::Refusal;
 use super::result::{MachinePhase, OpResult, ResultReason};
-use super::state::{NodeInfo, NodeState, OpRun, ResetCause};
+use super::state::{NodeInfo, NodeState, OpRun, RepavePhase, ResetCause};
 use super::time::Timestamp;
 use claim::claim_operation;
 use join::{join, join_failed};
@@ -124,11 +124,21 @@ pub fn step(
         (S::Ready { .. }, I::EffectsDone | I::EffectsFailed { .. }) => {
             Err(Refusal::NothingPending { state: "Ready" })
         }
-        // Observation beats memory: record the build that actually runs.
-        (S::Ready { node }, I::DaemonStarted { running }) => Ok(if *running == node.agent {
-            Step::stay(state)
-        } else {
-            Step::to(
+        (S::Ready { node }, I::DaemonStarted { running, selected }) => Ok(match selected {
+            // Another build is selected than runs (the agent restarted mid-switch onto the
+            // candidate, and the switch was undone since): the selected build must run.
+            Some(selected) if selected != running => Step::to(
+                S::Ready {
+                    node: NodeInfo {
+                        agent: selected.clone(),
+                        ..node.clone()
+                    },
+                },
+                vec![Effect::RestartAgent],
+            ),
+            Some(_) | None if running == &node.agent => Step::stay(state),
+            // Observation beats memory: record the build that actually runs.
+            Some(_) | None => Step::to(
                 S::Ready {
                     node: NodeInfo {
                         agent: running.clone(),
@@ -136,7 +146,7 @@ pub fn step(
                     },
                 },
                 Vec::new(),
-            )
+            ),
         }),
         (S::Ready { node }, I::ResetRequested) => {
             Ok(reset(node, None, ResetCause::Cli, None, policy, now))
@@ -230,10 +240,16 @@ pub fn step(
                 deadline,
             },
             I::Tick,
-        ) => Ok(if now >= *deadline {
-            repave_failure(node, goal, phase, *deadline, "repave timed out")
-        } else {
-            Step::stay(state)
+        ) => Ok(match phase {
+            RepavePhase::Provisioning | RepavePhase::SwitchingOver if now >= *deadline => {
+                repave_failure(node, goal, phase, *deadline, "repave timed out")
+            }
+            // Bringing the old side back and removing the retired one are never given up
+            // at the deadline: a process that finds them interrupted finishes them.
+            RepavePhase::Provisioning
+            | RepavePhase::SwitchingOver
+            | RepavePhase::RollingBack { .. }
+            | RepavePhase::Retiring => Step::stay(state),
         }),
         (S::Repaving { .. }, I::OperationClaimed(claim)) => Err(refuse_claim(state, None, claim)),
         (S::Repaving { node, .. }, I::ResetRequested) => {
@@ -286,6 +302,28 @@ pub fn step(
         (S::Resetting { .. }, I::ResetRequested) => Err(Refusal::ResetUnderWay),
         (S::Resetting { .. }, I::RecoveryRequested { .. }) => Err(Refusal::NoUpgradePending),
     }
+}
+
+/// Whether `input`, arriving while the effects of the step that entered `state` are
+/// unfinished (a crash interrupted them), supersedes them instead of waiting for them: only
+/// while a transition is under way (the state has a deadline), only an intervention — the
+/// operator's reset, the recovery unit — or a tick past the deadline, and only if `step` takes
+/// it. Forward work is then abandoned for the way out the core chose (an undo designed for a
+/// half-done step); undos and removals are never given up at a deadline (`Tick` leaves them
+/// be), so they are always finished.
+pub fn preempts(state: &NodeState, input: &Input, policy: &Policy, now: Timestamp) -> bool {
+    let intervention = match input {
+        Input::ResetRequested | Input::RecoveryRequested { .. } | Input::Tick => true,
+        Input::Join(_)
+        | Input::OperationClaimed(_)
+        | Input::GoalObserved(_)
+        | Input::EffectsDone
+        | Input::EffectsFailed { .. }
+        | Input::DaemonStarted { .. } => false,
+    };
+    intervention
+        && state.deadline().is_some()
+        && step(state, input, policy, now).is_ok_and(|s| s.next != *state || !s.effects.is_empty())
 }
 
 /// Publishes a terminal result and returns to rest.

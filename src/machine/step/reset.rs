@@ -106,8 +106,8 @@ pub(super) fn effects_done(
     }
 }
 
-/// An effect failed, or a tick found the deadline due: fail the wipe, keep trying to publish
-/// (bounded), or go on uninstalling.
+/// An effect failed, or a tick found the wait for publication past its deadline: fail the
+/// wipe, keep trying to publish (bounded), or go on uninstalling.
 pub(super) fn failed_or_due(
     state: &NodeState,
     r: Resetting<'_>,
@@ -117,7 +117,11 @@ pub(super) fn failed_or_due(
 ) -> Step {
     let message = match input {
         Input::EffectsFailed { message } => Some(message.as_str()),
-        Input::Tick if now >= r.deadline => Some("reset timed out"),
+        // Only the wait for publication is bounded by the deadline: the wipe and the uninstall
+        // are never given up half done (a process that finds them interrupted finishes them).
+        Input::Tick if now >= r.deadline && *r.phase == ResetPhase::Publishing => {
+            Some("reset timed out")
+        }
         Input::Tick
         | Input::Join(_)
         | Input::OperationClaimed(_)

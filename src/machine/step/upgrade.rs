@@ -131,7 +131,7 @@ pub(super) fn upgrade_step(
         (P::HandingOff, I::Tick) if timed_out => {
             u.abort(MSG_RESTART_FAILED, vec![u.switch_back()], policy, now)
         }
-        (P::HandingOff, I::DaemonStarted { running }) => {
+        (P::HandingOff, I::DaemonStarted { running, .. }) => {
             if running == u.candidate {
                 u.judge(running, ResultReason::Succeeded, MSG_UPGRADE_DONE)
             } else {
@@ -199,7 +199,7 @@ pub(super) fn upgrade_step(
                 message,
                 restart: true,
             },
-            I::DaemonStarted { running },
+            I::DaemonStarted { running, .. },
         ) => u.judge(running, *reason, message),
         (
             P::RollingBack {
@@ -214,9 +214,12 @@ pub(super) fn upgrade_step(
             *reason,
             &format!("{message}; restarting the agent failed: {why}"),
         ),
+        // The restart onto the old build never came.
         (
             P::RollingBack {
-                reason, message, ..
+                reason,
+                message,
+                restart: true,
             },
             I::Tick,
         ) if timed_out => finish(
@@ -225,7 +228,9 @@ pub(super) fn upgrade_step(
             *reason,
             &format!("{message}; rollback timed out"),
         ),
-        // Waiting: for effects, the successor daemon, or the deadline.
+        // Waiting: for effects, the successor daemon, or the deadline. An undo is never given
+        // up at its deadline: a process that finds one interrupted finishes it
+        // (`src/exec/mod.rs`), since the build it undoes may still be selected.
         (P::HandingOff | P::RollingBack { restart: true, .. }, I::EffectsDone)
         | (
             P::Staging | P::Switching | P::RollingBack { restart: false, .. },
