@@ -355,9 +355,18 @@ async fn a_bad_environment_is_refused_reported_and_mended() {
     );
     c.machine_fault("StoreCorrupt", before).await;
     c.status_names("StoreCorrupt", 1);
-    let join = c.run(&[FLEXNODE, "join", "--config", "/root/join.yaml"]);
-    assert_eq!(join.status.code(), Some(78), "{}", text(&join));
-    assert!(text(&join).contains("StoreCorrupt"), "{}", text(&join));
+    for cmd in [
+        &[FLEXNODE, "join", "--config", "/root/join.yaml"][..],
+        &[FLEXNODE, "recover-agent-upgrade"][..],
+    ] {
+        let out = c.run(cmd);
+        assert_eq!(out.status.code(), Some(78), "{cmd:?}: {}", text(&out));
+        assert!(
+            text(&out).contains("StoreCorrupt"),
+            "{cmd:?}: {}",
+            text(&out)
+        );
+    }
     assert_eq!(
         std::fs::read(&store).expect("the store"),
         damaged,
@@ -392,6 +401,20 @@ async fn a_bad_environment_is_refused_reported_and_mended() {
     c.machine_shows("Ready", "Applied").await;
     assert_eq!(c.show()["ActiveState"], "active");
 
+    // The store gone from an installed host (a filesystem not mounted): never started afresh.
+    c.stop();
+    let away = c.path("/var/lib/flexnode/state.db.away");
+    std::fs::rename(&store, &away).expect("move the store away");
+    let before = c.machine_events("StoreMissing").await;
+    c.refused("StoreMissing");
+    c.machine_fault("StoreMissing", before).await;
+    c.status_names("StoreMissing", 2);
+    assert!(!store.exists(), "a store was made");
+    std::fs::rename(&away, &store).expect("put it back");
+    let cleared = c.machine_events("FaultCleared").await;
+    c.start();
+    c.machine_cleared(cleared).await;
+
     // The configuration missing, then garbled: 78, said in STATUS and the journal (without a
     // credential the Machine cannot be told); `flexnode status` names it.
     let config = c.path("/etc/flexnode/config.yaml");
@@ -413,6 +436,13 @@ async fn a_bad_environment_is_refused_reported_and_mended() {
     c.machine_fault("EtcReadOnly", before).await;
     c.waits_for("reboot-etc", "EtcReadOnly").await;
     c.status_names("EtcReadOnly", 0);
+    let join = c.run(&[FLEXNODE, "join", "--config", "/root/join.yaml"]);
+    assert_eq!(join.status.code(), Some(1), "{}", text(&join));
+    assert!(
+        text(&join).contains("preflight: EtcReadOnly"),
+        "{}",
+        text(&join)
+    );
     let cleared = c.machine_events("FaultCleared").await;
     c.ok(&["umount", "/etc"]);
     c.ran_once("reboot-etc").await;
@@ -449,6 +479,13 @@ async fn a_bad_environment_is_refused_reported_and_mended() {
     c.machine_fault("DiskFull", before).await;
     c.waits_for("reboot-full", "DiskFull").await;
     c.status_names("DiskFull", 0);
+    let join = c.run(&[FLEXNODE, "join", "--config", "/root/join.yaml"]);
+    assert_eq!(join.status.code(), Some(1), "{}", text(&join));
+    assert!(
+        text(&join).contains("preflight: DiskFull"),
+        "{}",
+        text(&join)
+    );
     let cleared = c.machine_events("FaultCleared").await;
     std::fs::remove_file(&filler).expect("free the space");
     c.ran_once("reboot-full").await;
