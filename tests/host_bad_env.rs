@@ -409,6 +409,9 @@ async fn a_bad_environment_is_refused_reported_and_mended() {
     c.refused("StoreMissing");
     c.machine_fault("StoreMissing", before).await;
     c.status_names("StoreMissing", 2);
+    let join = c.run(&[FLEXNODE, "join", "--config", "/root/join.yaml"]);
+    assert_eq!(join.status.code(), Some(78), "{}", text(&join));
+    assert!(text(&join).contains("StoreMissing"), "{}", text(&join));
     assert!(!store.exists(), "a store was made");
     std::fs::rename(&away, &store).expect("put it back");
     let cleared = c.machine_events("FaultCleared").await;

@@ -270,8 +270,15 @@ fn setting(name: &str, message: impl Into<String>) -> ConfigError {
 /// one) is not joined yet: it is finished from its recorded intent instead. A store it cannot
 /// read is never joined over (exit 78: src/machine/fault.rs says what to do).
 fn joined_as(state: &Path) -> Result<Option<(String, InstallMode)>, Failure> {
-    Ok(wiring::current_state(state)
-        .map_err(|e| wiring::store_failure(e, state))?
+    let current = wiring::current_state(state).map_err(|e| wiring::store_failure(e, state))?;
+    // The agent's units without a store: a join would start a node afresh over an install it
+    // knows nothing of (which side runs, what was under way). Only `join` makes a store, and
+    // before any unit, so this is a store lost, not a join to finish.
+    if current.is_none() && wiring::on_host(&format!("/etc/systemd/system/{AGENT_UNIT}")).exists() {
+        let fault = Fault::new(FaultKind::StoreMissing, state, "");
+        return Err(Failure::config(format!("{fault}; {}", fault.remedy())));
+    }
+    Ok(current
         .filter(|s| !matches!(s, NodeState::Joining { .. }))
         .and_then(|s| s.node().map(|n| (n.name.clone(), n.mode))))
 }
