@@ -582,6 +582,7 @@ fn agents(strategy: &str) {
                 tick: Duration::from_secs(2),
                 operations: strategy,
                 counters: Arc::new(WatchCounters::default()),
+                etc: None,
             };
             counters.push(config.counters.clone());
             let store = tempfile::tempdir_in(&dir).expect("the agent's directory");

@@ -2,6 +2,7 @@
 //! issues, resource status, Events and metrics).
 
 use crate::effects::NodeSeen;
+use crate::machine::fault::Problem;
 use crate::store::{JournalEntry, StoreError, StoreReader};
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -33,6 +34,30 @@ pub struct StatusReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_result: Option<ResultSummary>,
     pub recent_transitions: Vec<JournalEntry>,
+    /// What is wrong around the node that keeps the agent from working, and what to do
+    /// (src/machine/fault.rs); `flexnode status` fills it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<Problem>,
+}
+
+impl StatusReport {
+    /// A node whose store cannot be read: nothing about it is known.
+    pub fn unknown() -> Self {
+        Self {
+            api_version: STATUS_API_VERSION,
+            kind: STATUS_KIND,
+            phase: "Unknown",
+            step: None,
+            deadline: None,
+            node: None,
+            kubelet: None,
+            current_operation: None,
+            interrupted_effects: Vec::new(),
+            last_result: None,
+            recent_transitions: Vec::new(),
+            problems: Vec::new(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -129,12 +154,21 @@ pub fn build(reader: &StoreReader) -> Result<StatusReport, StoreError> {
             .unwrap_or_default(),
         last_result,
         recent_transitions: reader.journal(5)?,
+        problems: Vec::new(),
     })
 }
 
 /// The summary a person reads.
 pub fn render_human(r: &StatusReport) -> String {
     let mut out = String::new();
+    for p in &r.problems {
+        let _ = writeln!(out, "Problem:          {}: {}", p.reason, p.message);
+        let _ = writeln!(out, "What to do:       {}", p.remedy);
+    }
+    if r.phase == "Unknown" {
+        let _ = writeln!(out, "Phase:            Unknown (the store cannot be read)");
+        return out;
+    }
     let phase = match r.step {
         Some(step) => format!("{} ({step})", r.phase),
         None => r.phase.to_string(),

@@ -2,10 +2,13 @@
 //! under `/`), as `flexnode-agent.service` runs it; or, with `--simulated-host`, over the
 //! simulated host for labs and demos.
 
-use super::wiring;
+use super::{Failure, wiring};
 use crate::effects::host::AGENT_IMAGE_VAR;
+use crate::effects::kube::KubePublisher;
 use crate::exec::{Clock, SystemClock};
 use crate::machine::agent::InstallMode;
+use crate::machine::fault::Fault;
+use crate::reconcile::health;
 use crate::reconcile::{DaemonConfig, client_from_kubeconfig};
 use crate::sim::SimNode;
 use std::path::{Path, PathBuf};
@@ -37,13 +40,26 @@ pub fn run(state: &Path, args: DaemonArgs) -> ExitCode {
     if args.simulated_host {
         super::block_on("daemon", async { Ok(simulated(state, &args).await?) })
     } else {
-        super::block_on("daemon", async { Ok(on_host(state, &args).await?) })
+        super::block_on("daemon", on_host(state, &args))
     }
 }
 
+/// A fault only an operator can end (src/machine/fault.rs): reported on every channel that
+/// works (the Machine only with a publisher), then exit 78, which the agent unit does not
+/// restart (`RestartPreventExitStatus=78`).
+async fn refuse(fault: Fault, publisher: Option<&KubePublisher>) -> Failure {
+    health::report(&fault, publisher).await;
+    Failure::config(format!("{fault}; {}", fault.remedy()))
+}
+
 /// The agent on this host, until SIGTERM (systemd's stop) or SIGINT.
-async fn on_host(state: &Path, args: &DaemonArgs) -> anyhow::Result<()> {
-    let (config, client) = wiring::installed_config(&args.config).await?;
+async fn on_host(state: &Path, args: &DaemonArgs) -> Result<(), Failure> {
+    let (config, client) = match wiring::installed_config(&args.config).await {
+        Ok(loaded) => loaded,
+        // Without a configuration there is no credential: the log and STATUS say it.
+        Err(fault) => return Err(refuse(fault, None).await),
+    };
+    let publisher = KubePublisher::new(client.clone(), &config.node_name);
     let exe = std::env::current_exe()?;
     let running = wiring::running().ok_or_else(|| match wiring::host_root() {
         Some(_) => anyhow::anyhow!(
@@ -56,15 +72,27 @@ async fn on_host(state: &Path, args: &DaemonArgs) -> anyhow::Result<()> {
             exe.display()
         ),
     })?;
+    let tick = Duration::from_millis(args.tick_ms.max(100));
     let fx = wiring::host_effects(&config).await?;
-    let runner = wiring::daemon_runner(
+    let runner = match wiring::daemon_runner(
         state,
         &config.node_name,
         client.clone(),
         (fx.systemd, fx.containerd, fx.host),
         fx.node_images,
     )
-    .await?;
+    .await
+    {
+        Ok(runner) => runner,
+        Err(e) => {
+            return Err(match health::of_store(&e, state) {
+                Some(fault) => refuse(fault, Some(&publisher)).await,
+                None => e.into(),
+            });
+        }
+    };
+    // Installed after the store opened: while the daemon waits for a store it can write,
+    // SIGTERM ends it at once, as if it had not started.
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let shutdown = async move {
@@ -74,10 +102,11 @@ async fn on_host(state: &Path, args: &DaemonArgs) -> anyhow::Result<()> {
         }
     };
     tracing::info!(node = %config.node_name, build = %running, "flexnode daemon starting");
-    crate::reconcile::run(
+    let ran = crate::reconcile::run(
         DaemonConfig {
             node_name: config.node_name,
-            tick: Duration::from_millis(args.tick_ms.max(100)),
+            tick,
+            etc: Some(wiring::on_host("/etc")),
             ..Default::default()
         },
         client,
@@ -85,8 +114,17 @@ async fn on_host(state: &Path, args: &DaemonArgs) -> anyhow::Result<()> {
         running,
         shutdown,
     )
-    .await?;
-    Ok(())
+    .await;
+    match ran {
+        Ok(()) => Ok(()),
+        Err(e) => match health::of_daemon(&e, state) {
+            // Found while running (a page that fails to read): as at start.
+            Some(fault) if fault.kind.needs_operator() => {
+                Err(refuse(fault, Some(&publisher)).await)
+            }
+            _ => Err(e.into()),
+        },
+    }
 }
 
 /// The daemon over a simulated host, with systemd's part played here: a scheduled restart of

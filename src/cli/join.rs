@@ -17,10 +17,11 @@ use crate::effects::{AGENT_UNIT, Containerd, Systemd};
 use crate::exec::{Fed, start_agent, write_units};
 use crate::ignition::BOOTSTRAP_DIR;
 use crate::machine::agent::{AgentBuild, Arch, InstallMode, Slot};
+use crate::machine::fault::{Fault, FaultKind};
 use crate::machine::input::JoinRequest;
 use crate::machine::state::Goal;
 use crate::machine::{Input, NodeState};
-use crate::reconcile::client_from_kubeconfig;
+use crate::reconcile::{client_from_kubeconfig, health};
 use kube::api::{Api, PostParams};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
@@ -92,6 +93,7 @@ async fn join(state: &Path, path: &Path) -> Result<(), Failure> {
     let agent = agent_to_install(config.install_mode)?;
     wiring::require_root("join")?;
     preflight(&config)?;
+    writable(state)?;
     let client = client_from_kubeconfig(&config.kubeconfig)
         .await
         .map_err(|e| impossible(setting("kubeconfig", format!("cannot use it: {e}"))))?;
@@ -221,6 +223,29 @@ fn preflight(config: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Where join writes must take writes: `/etc` (configuration, units, machine settings) and
+/// the store's filesystem. Checked before anything changes; both can pass (a remount, space
+/// freed), so the failure is an ordinary one the bootstrap unit retries, saying why.
+fn writable(state: &Path) -> Result<(), Failure> {
+    let etc = wiring::on_host("/etc");
+    let store_dir = state
+        .ancestors()
+        .skip(1)
+        .find(|d| d.exists())
+        .unwrap_or(Path::new("/"));
+    let found = [
+        health::read_only(&etc).then(|| Fault::new(FaultKind::EtcReadOnly, &etc, "")),
+        health::probe_dir(store_dir).map(|kind| Fault::new(kind, store_dir, "")),
+    ];
+    match found.into_iter().flatten().next() {
+        Some(fault) => Err(Failure::failed(format!(
+            "preflight: {fault}; {}",
+            fault.remedy()
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// The container install's bootstrap inputs (a token-bearing kubeconfig among them) go once
 /// the node is joined: everything was copied to `/etc/flexnode`, and the bootstrap unit's
 /// condition then keeps it from running again.
@@ -242,9 +267,18 @@ fn setting(name: &str, message: impl Into<String>) -> ConfigError {
 }
 
 /// The node this host is joined as, and its install mode; a join still under way (a crashed
-/// one) is not joined yet: it is finished from its recorded intent instead.
-fn joined_as(state: &Path) -> anyhow::Result<Option<(String, InstallMode)>> {
-    Ok(wiring::current_state(state)?
+/// one) is not joined yet: it is finished from its recorded intent instead. A store it cannot
+/// read is never joined over (exit 78: src/machine/fault.rs says what to do).
+fn joined_as(state: &Path) -> Result<Option<(String, InstallMode)>, Failure> {
+    let current = wiring::current_state(state).map_err(|e| wiring::store_failure(e, state))?;
+    // The agent's units without a store: a join would start a node afresh over an install it
+    // knows nothing of (which side runs, what was under way). Only `join` makes a store, and
+    // before any unit, so this is a store lost, not a join to finish.
+    if current.is_none() && wiring::on_host(&format!("/etc/systemd/system/{AGENT_UNIT}")).exists() {
+        let fault = Fault::new(FaultKind::StoreMissing, state, "");
+        return Err(Failure::config(format!("{fault}; {}", fault.remedy())));
+    }
+    Ok(current
         .filter(|s| !matches!(s, NodeState::Joining { .. }))
         .and_then(|s| s.node().map(|n| (n.name.clone(), n.mode))))
 }

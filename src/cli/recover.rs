@@ -2,7 +2,7 @@
 //! unit's `OnFailure=`) from the last-good build when the agent keeps failing. Without a
 //! pending upgrade it does nothing: a plain crash never swaps builds.
 
-use super::wiring;
+use super::{Failure, wiring};
 use crate::config::CONFIG_PATH;
 use crate::exec::Fed;
 use crate::machine::{Input, NodeState};
@@ -12,17 +12,14 @@ use std::process::ExitCode;
 pub use crate::machine::input::RECOVERY_MESSAGE;
 
 pub fn run(state: &Path, message: &str) -> ExitCode {
-    super::block_on("recover-agent-upgrade", async {
-        Ok(recover(state, message).await?)
-    })
+    super::block_on("recover-agent-upgrade", recover(state, message))
 }
 
-async fn recover(state: &Path, message: &str) -> anyhow::Result<()> {
+async fn recover(state: &Path, message: &str) -> Result<(), Failure> {
     wiring::require_root("recover-agent-upgrade")?;
-    if !matches!(
-        wiring::current_state(state)?,
-        Some(NodeState::Upgrading { .. })
-    ) {
+    // A store it cannot read says nothing about an upgrade: nothing is switched on a guess.
+    let current = wiring::current_state(state).map_err(|e| wiring::store_failure(e, state))?;
+    if !matches!(current, Some(NodeState::Upgrading { .. })) {
         println!("flexnode: no agent upgrade is pending; nothing to recover");
         return Ok(());
     }

@@ -1,25 +1,29 @@
 //! `flexnode status` and `flexnode history`: read the store directly, so they work while the
 //! daemon is stopped (and while it runs: the store has one writer and any number of readers).
+//! Status also looks, without writing anything, at what the agent needs around the store — the
+//! configuration, the store's and `/etc`'s filesystems — and a store it cannot read is
+//! explained, with what to do, instead of shown (src/machine/fault.rs).
 
-use super::{EXIT_NO_STORE, Output, json, yaml};
-use crate::report;
+use super::{EXIT_NO_STORE, Output, json, wiring, yaml};
+use crate::config::CONFIG_PATH;
+use crate::effects::AGENT_UNIT;
+use crate::machine::fault::{Fault, Problem};
+use crate::reconcile::health;
+use crate::report::{self, StatusReport};
 use crate::store::{StoreError, StoreReader};
 use std::path::Path;
 use std::process::ExitCode;
 
 pub fn status(state: &Path, output: Output) -> ExitCode {
-    read(state, |reader| {
-        let report = report::build(reader)?;
-        Ok(match output {
-            Output::Human => report::render_human(&report),
-            Output::Json => json(&report),
-            Output::Yaml => yaml(&report),
-        })
+    read(state, output, |reader| {
+        let mut report = report::build(reader)?;
+        report.problems = problems(state, report.node.is_some());
+        Ok(render(&report, output))
     })
 }
 
 pub fn history(state: &Path, limit: i64, output: Output) -> ExitCode {
-    read(state, |reader| {
+    read(state, output, |reader| {
         let entries = reader.journal(limit.max(1))?;
         Ok(match output {
             Output::Human => entries
@@ -32,20 +36,59 @@ pub fn history(state: &Path, limit: i64, output: Output) -> ExitCode {
     })
 }
 
-fn read(path: &Path, render: impl FnOnce(&StoreReader) -> Result<String, StoreError>) -> ExitCode {
-    let result = StoreReader::open(path).and_then(|reader| render(&reader));
-    match result {
+fn render(report: &StatusReport, output: Output) -> String {
+    match output {
+        Output::Human => report::render_human(report),
+        Output::Json => json(report),
+        Output::Yaml => yaml(report),
+    }
+}
+
+/// What a look around finds wrong for a joined node: its configuration, and the store's and
+/// `/etc`'s filesystems.
+fn problems(state: &Path, joined: bool) -> Vec<Problem> {
+    let mut found = health::environment(state, &wiring::on_host("/etc"));
+    if joined && let Err(fault) = health::load_config(&wiring::on_host(CONFIG_PATH), "") {
+        found.push(fault);
+    }
+    found.iter().map(Fault::problem).collect()
+}
+
+fn read(
+    path: &Path,
+    output: Output,
+    render_with: impl FnOnce(&StoreReader) -> Result<String, StoreError>,
+) -> ExitCode {
+    let result = StoreReader::open(path).and_then(|reader| render_with(&reader));
+    let e = match result {
         Ok(text) => {
             print!("{text}");
-            ExitCode::SUCCESS
+            return ExitCode::SUCCESS;
         }
-        Err(e @ StoreError::Missing(_)) => {
-            eprintln!("flexnode: {e}");
-            ExitCode::from(EXIT_NO_STORE)
-        }
-        Err(e) => {
-            eprintln!("flexnode: {e}");
-            ExitCode::FAILURE
-        }
-    }
+        Err(e) => e,
+    };
+    let installed = wiring::on_host(&format!("/etc/systemd/system/{AGENT_UNIT}")).exists();
+    let fault = match &e {
+        // No store on a host the agent is not installed on: nothing joined yet.
+        StoreError::Missing(_) if !installed => None,
+        e => health::of_store(e, path),
+    };
+    let code = match &e {
+        StoreError::Missing(_) => ExitCode::from(EXIT_NO_STORE),
+        _ => ExitCode::FAILURE,
+    };
+    let Some(fault) = fault else {
+        eprintln!("flexnode: {e}");
+        return code;
+    };
+    eprintln!("flexnode: {fault}");
+    print!("{}", render(&unreadable(&fault), output));
+    code
+}
+
+/// The report of a store that cannot be read: no state (it would be a guess), the problem.
+fn unreadable(fault: &Fault) -> StatusReport {
+    let mut r = StatusReport::unknown();
+    r.problems = vec![fault.problem()];
+    r
 }

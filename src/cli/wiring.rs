@@ -13,10 +13,14 @@ use crate::effects::http::Trust;
 use crate::effects::kube::KubePublisher;
 use crate::effects::systemd::{DEFAULT_UNIT_DIR, DbusSystemd};
 use crate::effects::{Containerd, Effects, Host, Systemd};
-use crate::exec::{Runner, SystemClock};
+use crate::exec::Runner;
 use crate::machine::NodeState;
+use crate::machine::Timestamp;
 use crate::machine::agent::AgentBuild;
+use crate::machine::fault::{Fault, FaultKind};
 use crate::reconcile::client_from_kubeconfig;
+use crate::reconcile::clock::SteadyClock;
+use crate::reconcile::health;
 use crate::reconcile::owner::KubeRunner;
 use crate::store::{Store, StoreError, StoreReader};
 use std::collections::BTreeMap;
@@ -30,6 +34,8 @@ pub const HOST_ROOT_VAR: &str = "FLEXNODE_HOST_ROOT";
 
 /// How long a starting daemon waits for the store held by the command that started it.
 const DAEMON_STORE_PATIENCE: Duration = Duration::from_secs(120);
+/// How often a starting daemon tries again to open a store it could not write.
+const STORE_RETRY: Duration = Duration::from_secs(2);
 /// How long reset and recovery wait for the stopping agent to release the store.
 const COMMAND_STORE_PATIENCE: Duration = Duration::from_secs(60);
 
@@ -107,27 +113,57 @@ pub fn on_host(path: &str) -> PathBuf {
 
 /// The daemon's executor: `systemd`, `containerd` and `host` with the API server as
 /// publisher, on the store (waiting while the command that started the daemon holds it).
+/// The store must exist: `join` made it, and a daemon that made a new one would forget the
+/// node (src/machine/fault.rs, `StoreMissing`).
 pub async fn daemon_runner<S: Systemd, C: Containerd, H: Host>(
     state: &Path,
     node_name: &str,
     client: kube::Client,
     (systemd, containerd, host): (S, C, H),
     node_images: BTreeMap<String, NodeImage>,
-) -> anyhow::Result<KubeRunner<S, C, H>> {
-    let store = Store::open_waiting(state, DAEMON_STORE_PATIENCE).await?;
+) -> Result<KubeRunner<S, C, H>, StoreError> {
+    if !state.exists() {
+        return Err(StoreError::Missing(state.to_path_buf()));
+    }
+    let publisher = KubePublisher::new(client, node_name);
+    // A store that cannot be opened for writing yet (a full disk, a read-only mount) is
+    // waited for, reported once; any other error is the caller's.
+    let mut told = None;
+    let store = loop {
+        let e = match Store::open_waiting(state, DAEMON_STORE_PATIENCE).await {
+            Ok(store) => break store,
+            Err(e) => e,
+        };
+        let Some(fault) = health::of_store(&e, state).filter(|f| !f.kind.needs_operator()) else {
+            return Err(e);
+        };
+        if told != Some(fault.kind) {
+            health::report(&fault, Some(&publisher)).await;
+            told = Some(fault.kind);
+        }
+        health::ready_while_waiting();
+        tokio::time::sleep(STORE_RETRY).await;
+    };
+    let clock = SteadyClock::system(newest_entry(&store)?);
     let effects = Effects {
         systemd,
         containerd,
         host,
-        publisher: KubePublisher::new(client, node_name),
+        publisher,
     };
-    let mut runner = Runner::new(store, effects, SystemClock);
+    let mut runner = Runner::new(store, effects, clock);
     runner.node_images = node_images;
     Ok(runner)
 }
 
+/// The time of the store's newest journal entry: the agent's clock never starts before it
+/// (src/reconcile/clock.rs).
+fn newest_entry(store: &Store) -> Result<Option<Timestamp>, StoreError> {
+    Ok(store.journal(1)?.last().map(|e| e.at))
+}
+
 /// The executor as a command (not the daemon) runs it.
-pub type CommandRunner = Runner<DbusSystemd, LazyContainerd, FsHost, KubePublisher, SystemClock>;
+pub type CommandRunner = Runner<DbusSystemd, LazyContainerd, FsHost, KubePublisher, SteadyClock>;
 
 /// The executor for a command acting for the agent (join, reset, recovery) on `store`: it is
 /// not the daemon, and it first finishes whatever a crash interrupted.
@@ -138,6 +174,7 @@ async fn command_runner(
     fx: HostEffects,
 ) -> anyhow::Result<CommandRunner> {
     let node_images = fx.node_images;
+    let clock = SteadyClock::system(newest_entry(&store)?);
     let mut runner = Runner::new(
         store,
         Effects {
@@ -146,7 +183,7 @@ async fn command_runner(
             host: fx.host,
             publisher: KubePublisher::new(client, node_name),
         },
-        SystemClock,
+        clock,
     );
     runner.daemon = false;
     runner.node_images = node_images;
@@ -154,21 +191,22 @@ async fn command_runner(
     Ok(runner)
 }
 
-/// Join's executor: the store must be free (a second join or a reset would hold it).
+/// Join's executor: the store must be free (a second join or a reset would hold it), and
+/// one it cannot use is never joined over (`store_failure`).
 pub async fn join_runner(
     state: &Path,
     node_name: &str,
     client: kube::Client,
     fx: HostEffects,
-) -> anyhow::Result<CommandRunner> {
+) -> Result<CommandRunner, super::Failure> {
     let store = Store::open(state).map_err(|e| match e {
-        StoreError::Locked(_) => anyhow::anyhow!(
+        StoreError::Locked(_) => super::Failure::failed(format!(
             "another flexnode process holds {}; is a join or reset running?",
             state.display()
-        ),
-        e => e.into(),
+        )),
+        e => store_failure(e, state),
     })?;
-    command_runner(store, node_name, client, fx).await
+    Ok(command_runner(store, node_name, client, fx).await?)
 }
 
 /// Reset's and recovery's executor: waits while the stopping agent still holds the store.
@@ -207,21 +245,40 @@ pub fn require_root(command: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The installed configuration (as `join` rendered it) and an API client from it.
-pub async fn installed_config(path: &Path) -> anyhow::Result<(Config, kube::Client)> {
-    let config =
-        Config::load(path, &hostname()).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+/// The installed configuration (as `join` rendered it) and an API client from it, or the
+/// fault that keeps it from being used (missing, unreadable, a setting or a credential that
+/// cannot work: only an operator fixes those).
+pub async fn installed_config(path: &Path) -> Result<(Config, kube::Client), Fault> {
+    let config = health::load_config(path, &hostname())?;
     let client = client_from_kubeconfig(&config.kubeconfig)
         .await
-        .map_err(|e| anyhow::anyhow!("{}: {e}", config.kubeconfig.display()))?;
+        .map_err(|e| {
+            Fault::new(
+                FaultKind::ConfigInvalid,
+                path,
+                format!("kubeconfig {}: {e}", config.kubeconfig.display()),
+            )
+        })?;
     Ok((config, client))
 }
 
 /// Where the node stands, from the store (readable while the agent runs); `None` without one.
-pub fn current_state(state: &Path) -> anyhow::Result<Option<NodeState>> {
+pub fn current_state(state: &Path) -> Result<Option<NodeState>, StoreError> {
     match StoreReader::open(state) {
         Ok(reader) => Ok(Some(reader.load()?.state)),
         Err(StoreError::Missing(_)) => Ok(None),
-        Err(e) => Err(e.into()),
+        Err(e) => Err(e),
+    }
+}
+
+/// How a command fails on a store error: exit 78 with what to do for a store only an
+/// operator can mend (damaged, newer, insecure), which no retry would change.
+pub fn store_failure(e: StoreError, state: &Path) -> super::Failure {
+    match health::of_store(&e, state) {
+        Some(fault) if fault.kind.needs_operator() => {
+            super::Failure::config(format!("{fault}; {}", fault.remedy()))
+        }
+        Some(fault) => super::Failure::failed(format!("{fault}; {}", fault.remedy())),
+        None => e.into(),
     }
 }

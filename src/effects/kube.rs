@@ -9,6 +9,7 @@ use crate::api::machine::{Machine, MachinePhase as ApiMachinePhase};
 use crate::api::machine_operation::{MachineOperation, MachineOperationStatus, OperationPhase};
 use crate::effects::{EffectError, EffectResult, NodeSeen, Publisher};
 use crate::machine::Timestamp;
+use crate::machine::fault::{FAULT_CLEARED, Fault, FaultKind};
 use crate::machine::result::{MachinePhase, OpResult, ResultReason};
 use crate::machine::state::OpRef;
 use k8s_openapi::api::core::v1::Node;
@@ -238,7 +239,13 @@ impl KubePublisher {
         self.event(obj, EventType::Normal, "Waiting", why).await;
     }
 
-    async fn event(&self, obj: &MachineOperation, type_: EventType, reason: &str, note: &str) {
+    async fn event<K: Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        type_: EventType,
+        reason: &str,
+        note: &str,
+    ) {
         let ev = Event {
             type_,
             reason: reason.to_string(),
@@ -403,45 +410,155 @@ impl Publisher for KubePublisher {
         message: &str,
         observed_generation: Option<i64>,
     ) -> EffectResult {
+        let (status, reason) = node_updated(phase);
+        self.write_machine(|m: &Machine| {
+            Some(machine_status(
+                m,
+                phase,
+                status,
+                reason,
+                message,
+                observed_generation.or(m.metadata.generation),
+            ))
+        })
+        .await
+        .map(|_| ())
+    }
+}
+
+/// `NodeUpdated`'s status and reason for a Machine phase flexnode reports.
+fn node_updated(phase: MachinePhase) -> (&'static str, &'static str) {
+    match phase {
+        MachinePhase::Ready => ("True", "Applied"),
+        MachinePhase::Failed => ("False", "Failed"),
+        MachinePhase::Joining | MachinePhase::Rebooting | MachinePhase::Provisioning => {
+            ("False", "Progressing")
+        }
+    }
+}
+
+/// The Machine's status with `phase` and the `NodeUpdated` condition.
+fn machine_status(
+    m: &Machine,
+    phase: MachinePhase,
+    status: &str,
+    reason: &str,
+    message: &str,
+    observed_generation: Option<i64>,
+) -> Machine {
+    let mut m = m.clone();
+    let mut s = m.status.clone().unwrap_or_default();
+    s.phase = Some(match phase {
+        MachinePhase::Joining => ApiMachinePhase::Joining,
+        MachinePhase::Ready => ApiMachinePhase::Ready,
+        MachinePhase::Rebooting => ApiMachinePhase::Rebooting,
+        MachinePhase::Provisioning => ApiMachinePhase::Provisioning,
+        MachinePhase::Failed => ApiMachinePhase::Failed,
+    });
+    set_condition(
+        &mut s.conditions,
+        Condition {
+            type_: "NodeUpdated".into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: message.into(),
+            observed_generation,
+            last_transition_time: now(),
+        },
+        Since::Kept,
+    );
+    m.status = Some(s);
+    m
+}
+
+fn node_updated_condition(m: &Machine) -> Option<&Condition> {
+    m.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "NodeUpdated")
+}
+
+/// A bad environment on the Machine and how it ends (src/fault.rs, src/reconcile/health.rs):
+/// the only writes of the Machine outside the core's `ReportMachine`.
+impl KubePublisher {
+    /// Every Machine status write: `edit` gives the next object, or `None` for nothing to
+    /// write. The Machine written, or `None` when there is none or nothing was written.
+    async fn write_machine(
+        &self,
+        edit: impl Fn(&Machine) -> Option<Machine>,
+    ) -> EffectResult<Option<Machine>> {
         let api: Api<Machine> = Api::all(self.client.clone());
-        let (status, reason) = match phase {
-            MachinePhase::Ready => ("True", "Applied"),
-            MachinePhase::Failed => ("False", "Failed"),
-            MachinePhase::Joining | MachinePhase::Rebooting | MachinePhase::Provisioning => {
-                ("False", "Progressing")
-            }
-        };
-        let written = write_status(&api, &self.node, None, |mut m: Machine| {
-            let mut s = m.status.clone().unwrap_or_default();
-            s.phase = Some(match phase {
-                MachinePhase::Joining => ApiMachinePhase::Joining,
-                MachinePhase::Ready => ApiMachinePhase::Ready,
-                MachinePhase::Rebooting => ApiMachinePhase::Rebooting,
-                MachinePhase::Provisioning => ApiMachinePhase::Provisioning,
-                MachinePhase::Failed => ApiMachinePhase::Failed,
-            });
-            set_condition(
-                &mut s.conditions,
-                Condition {
-                    type_: "NodeUpdated".into(),
-                    status: status.into(),
-                    reason: reason.into(),
-                    message: message.into(),
-                    observed_generation: observed_generation.or(m.metadata.generation),
-                    last_transition_time: now(),
-                },
-                Since::Kept,
-            );
-            m.status = Some(s);
-            Write::Put(m)
+        let written = write_status(&api, &self.node, None, |m: Machine| match edit(&m) {
+            Some(next) => Write::Put(next),
+            None => Write::Skip,
         })
         .await;
         match written {
-            Ok(_) => Ok(()),
+            Ok(m) => Ok(m),
             Err(WriteError::Conflicts) => Err(EffectError::Failed(format!(
                 "Machine status kept conflicting after {CONFLICT_RETRIES} attempts"
             ))),
             Err(WriteError::Api(e)) => Err(e),
         }
+    }
+
+    /// The fault on the node's Machine: phase `Failed`, `NodeUpdated` False with the fault's
+    /// reason and message (what is wrong; what to do), and a Warning Event with the same
+    /// reason. A Machine that already says exactly this is left alone (no second Event).
+    /// Returns whether it was written.
+    pub async fn report_fault(&self, fault: &Fault) -> EffectResult<bool> {
+        let reason = fault.kind.reason();
+        let message = format!("{}; {}", fault.message(), fault.remedy());
+        let written = self
+            .write_machine(|m: &Machine| {
+                let shown = node_updated_condition(m);
+                if shown.is_some_and(|c| c.reason == reason && c.message == message) {
+                    return None;
+                }
+                // The applied generation is not known here; the one last reported stays.
+                let generation = shown.and_then(|c| c.observed_generation);
+                Some(machine_status(
+                    m,
+                    MachinePhase::Failed,
+                    "False",
+                    reason,
+                    &message,
+                    generation,
+                ))
+            })
+            .await?;
+        if let Some(m) = &written {
+            self.event(m, EventType::Warning, reason, &message).await;
+        }
+        Ok(written.is_some())
+    }
+
+    /// The fault is over: a Machine that shows one (any reason of src/fault.rs) gets `phase`
+    /// back as the core reports it, and a Normal Event `FaultCleared`. Returns whether it
+    /// showed one.
+    pub async fn clear_fault(
+        &self,
+        phase: MachinePhase,
+        message: &str,
+        observed_generation: Option<i64>,
+    ) -> EffectResult<bool> {
+        let (status, reason) = node_updated(phase);
+        let written = self
+            .write_machine(|m: &Machine| {
+                let shown = node_updated_condition(m)?;
+                FaultKind::parse(&shown.reason)?;
+                let generation = observed_generation.or(shown.observed_generation);
+                Some(machine_status(
+                    m, phase, status, reason, message, generation,
+                ))
+            })
+            .await?;
+        if let Some(m) = &written {
+            self.event(m, EventType::Normal, FAULT_CLEARED, message)
+                .await;
+        }
+        Ok(written.is_some())
     }
 }

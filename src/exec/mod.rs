@@ -281,6 +281,15 @@ where
         Ok(())
     }
 
+    /// `flexnode reset` of a node whose store was damaged or lost and has been set aside:
+    /// the reset's own effects (both machines, runtime files, units, links; each probed
+    /// first), with no state to step from. Nothing else runs effects outside a step.
+    pub async fn reset_without_state(&mut self) -> Result<(), EffectError> {
+        use crate::machine::Effect;
+        self.run_effects(&[Effect::WipeNode, Effect::UninstallAgent], None)
+            .await
+    }
+
     /// Whether this process scheduled or requested its own restart.
     pub fn restart_requested(&self) -> bool {
         self.restart_requested

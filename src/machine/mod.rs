@@ -9,6 +9,7 @@
 pub mod agent;
 pub mod decide;
 pub mod effect;
+pub mod fault;
 pub mod input;
 pub mod policy;
 pub mod refusal;

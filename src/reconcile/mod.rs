@@ -3,6 +3,8 @@
 //! that task alone drives the state machine through the executor.
 
 pub mod address;
+pub mod clock;
+pub mod health;
 pub mod owner;
 pub mod watch;
 

@@ -1,5 +1,7 @@
 //! The owner task: the only code that feeds the state machine in the daemon.
 
+use super::clock::SteadyClock;
+use super::health::{self, Health};
 use super::watch::{self, OperationWatch, WatchCounters};
 use super::{DELETION_TAINT, Msg, address};
 use crate::api::{Machine, MachineOperation};
@@ -7,6 +9,7 @@ use crate::effects::kube::KubePublisher;
 use crate::effects::{Containerd, Host, Systemd};
 use crate::exec::{Clock, ExecError, Fed, Runner, SystemClock};
 use crate::machine::agent::AgentBuild;
+use crate::machine::fault::Fault;
 use crate::machine::input::{GoalObservation, MachineObservation, NodeObservation};
 use crate::machine::state::Goal;
 use crate::machine::{Input, NodeState, Refusal};
@@ -32,6 +35,9 @@ pub struct DaemonConfig {
     pub operations: OperationWatch,
     /// Shared with whoever started the daemon (the fleet benchmark reads them).
     pub counters: Arc<WatchCounters>,
+    /// The host's `/etc` as the daemon reaches it: while it is read-only no new work starts
+    /// (src/reconcile/health.rs). `None`: not looked at (a simulated host).
+    pub etc: Option<std::path::PathBuf>,
 }
 
 impl Default for DaemonConfig {
@@ -42,6 +48,7 @@ impl Default for DaemonConfig {
             tick: Duration::from_secs(2),
             operations: OperationWatch::default(),
             counters: Arc::default(),
+            etc: None,
         }
     }
 }
@@ -56,7 +63,7 @@ pub enum DaemonError {
 
 /// The daemon's executor: this host's effects and the API server as publisher
 /// (`cli/wiring.rs` assembles it).
-pub type KubeRunner<S, C, H> = Runner<S, C, H, KubePublisher, SystemClock>;
+pub type KubeRunner<S, C, H> = Runner<S, C, H, KubePublisher, SteadyClock>;
 
 struct Owner<S, C, H> {
     runner: KubeRunner<S, C, H>,
@@ -70,6 +77,10 @@ struct Owner<S, C, H> {
     told_waiting: std::collections::HashSet<String>,
     /// The goal observation last logged (logged again only when it changes).
     last_observed: Option<GoalObservation>,
+    /// A bad environment the daemon waits out; no new work starts meanwhile.
+    health: Health,
+    /// What systemd's STATUS says now.
+    status: String,
 }
 
 /// Runs the daemon with `runner` until `shutdown` completes (or the task is dropped).
@@ -94,18 +105,47 @@ where
         machine: None,
         told_waiting: Default::default(),
         last_observed: None,
+        health: Health::new(config.etc.clone()),
+        status: String::new(),
     };
     // A step of long effects (a repave: unpack, start, the wait for the kubelet) keeps the
     // watchdog fed while it makes progress; a wedged loop still gets the agent restarted.
     owner.runner.on_progress = Some(crate::exec::Progress(Box::new(|| {
         notify(sd_notify::NotifyState::Watchdog)
     })));
+    tokio::pin!(shutdown);
     // Finish what a crash interrupted, publish what waits, judge a pending hand-off: before
-    // any new work is claimed.
-    owner.runner.start(running).await?;
+    // any new work is claimed. A store that cannot be written is waited for (then systemd
+    // is told the agent runs, so it is neither killed for a slow start nor restarted).
+    while let Err(e) = owner.runner.start(running.clone()).await {
+        let e = DaemonError::from(e);
+        let Some(fault) = owner.transient(&e) else {
+            return Err(e);
+        };
+        owner
+            .health
+            .enter(fault, &owner.runner.effects.publisher)
+            .await;
+        notify(sd_notify::NotifyState::Ready);
+        loop {
+            tokio::select! {
+                () = &mut shutdown => return Ok(()),
+                () = tokio::time::sleep(config.tick) => notify(sd_notify::NotifyState::Watchdog),
+            }
+            if owner.check_health().await {
+                break;
+            }
+        }
+    }
     // systemd (Type=notify) counts the agent started from here; the watchdog is fed by the
     // owner loop itself, so a wedged loop gets the agent restarted.
     notify(sd_notify::NotifyState::Ready);
+    let state = owner.runner.state()?;
+    owner.say(&state);
+    owner
+        .health
+        .clear_shown(&state, &owner.runner.effects.publisher)
+        .await;
 
     let (tx, mut rx) = mpsc::channel(256);
     let name = config.node_name.as_str();
@@ -143,24 +183,45 @@ where
         .store(tasks.len() as u64, Ordering::Relaxed);
     let _abort = AbortOnDrop(tasks.iter().map(|t| t.abort_handle()).collect());
     let mut next_tick = Instant::now() + config.tick;
-    tokio::pin!(shutdown);
     loop {
-        let ticked = tokio::select! {
+        let (ticked, done) = tokio::select! {
             () = &mut shutdown => break,
             msg = rx.recv() => match msg {
-                Some(msg) => {
-                    owner.handle(msg).await?;
-                    false
-                }
+                Some(msg) => (false, owner.handle(msg).await),
                 None => break,
             },
             () = tokio::time::sleep_until(next_tick) => {
-                owner.tick().await?;
+                let done = owner.tick().await;
                 notify(sd_notify::NotifyState::Watchdog);
-                true
+                (true, done)
             }
         };
+        // A store that cannot be written ends no daemon: the step it refused did not run,
+        // and the next tick tries again once the store takes writes (src/reconcile/health.rs).
+        if let Err(e) = done.and_then(|()| Ok(owner.runner.state().map(|_| ())?)) {
+            let Some(fault) = owner.transient(&e) else {
+                return Err(e);
+            };
+            owner
+                .health
+                .enter(fault, &owner.runner.effects.publisher)
+                .await;
+            next_tick = Instant::now() + config.tick;
+            continue;
+        }
         let state = owner.runner.state()?;
+        owner.say(&state);
+        // Nothing waits on time: the clock takes the wall clock as it is (src/reconcile/clock.rs).
+        if state.deadline().is_none() {
+            owner.runner.clock.follow_wall();
+        } else if let Some(drift_ms) = owner.runner.clock.jumped() {
+            tracing::warn!(
+                drift_ms,
+                deadline = %state.deadline().map(|d| d.rfc3339()).unwrap_or_default(),
+                "the wall clock moved against the monotonic clock; deadlines keep to the \
+                 monotonic clock until the node is at rest"
+            );
+        }
         // After a reset the agent's units are gone; so is the daemon.
         if matches!(state, NodeState::Unjoined { .. }) {
             tracing::info!("the node was reset; the daemon stops");
@@ -171,7 +232,10 @@ where
         next_tick = if ticked { due } else { next_tick.min(due) };
     }
     notify(sd_notify::NotifyState::Stopping);
-    owner.runner.store.checkpoint()?;
+    // A full disk can refuse the checkpoint; the WAL keeps every committed step meanwhile.
+    if let Err(e) = owner.runner.store.checkpoint() {
+        tracing::warn!(error = %e, "the store's WAL was not checkpointed");
+    }
     Ok(())
 }
 
@@ -193,6 +257,33 @@ impl Drop for AbortOnDrop {
 }
 
 impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
+    /// A fault of `e` the daemon waits out; `None` for any other error (it ends the daemon).
+    fn transient(&self, e: &DaemonError) -> Option<Fault> {
+        health::of_daemon(e, self.runner.store.path()).filter(|f| !f.kind.needs_operator())
+    }
+
+    /// Whether new work may start (src/reconcile/health.rs).
+    async fn check_health(&mut self) -> bool {
+        let Ok(state) = self.runner.state() else {
+            return false;
+        };
+        self.health
+            .check(&self.runner.store, &state, &self.runner.effects.publisher)
+            .await
+    }
+
+    /// systemd's STATUS: the state, or the fault waited out.
+    fn say(&mut self, state: &NodeState) {
+        let text = match self.health.fault() {
+            Some(f) => format!("{f}; {}", f.remedy()),
+            None => state.to_string(),
+        };
+        if text != self.status {
+            health::status_text(&text);
+            self.status = text;
+        }
+    }
+
     async fn handle(&mut self, msg: Msg) -> Result<(), DaemonError> {
         match msg {
             // Another node's operation (`OperationWatch::All` delivers them) is not kept.
@@ -257,6 +348,7 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
             .waiting(labels.as_ref())
             .any(|op| address::claim(op, 0).is_some());
         if state.deadline().is_some()
+            || self.health.fault().is_some()
             || self.goal_changed(state)
             || claim_waits
             || !self.runner.store.unpublished()?.is_empty()
@@ -277,6 +369,9 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
     }
 
     async fn tick(&mut self) -> Result<(), DaemonError> {
+        if self.health.fault().is_some() {
+            self.check_health().await;
+        }
         self.feed(Input::Tick).await?;
         self.runner.flush_outbox().await?;
         self.expire_finished().await;
@@ -332,6 +427,16 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
                     &b.metadata.name,
                 ))
         });
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        // In a bad environment nothing new starts: each operation is told why it waits.
+        if !self.check_health().await {
+            for op in &waiting {
+                self.tell_unhealthy(op).await;
+            }
+            return Ok(());
+        }
         for op in waiting {
             let Some(claim) = address::claim(&op, self.machine_generation()) else {
                 continue; // meant for another controller
@@ -347,7 +452,21 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
             if !matches!(fed, Ok(Fed::Accepted(_))) {
                 self.runner.effects.publisher.forget(&uid);
             }
-            match fed? {
+            // A claim the store could not record was not made: the operation waits.
+            let fed = match fed {
+                Err(e) => match self.transient(&e) {
+                    Some(fault) => {
+                        self.health
+                            .enter(fault, &self.runner.effects.publisher)
+                            .await;
+                        self.tell_unhealthy(&op).await;
+                        return Ok(());
+                    }
+                    None => return Err(e),
+                },
+                Ok(fed) => fed,
+            };
+            match fed {
                 Fed::Accepted(_) => {}
                 Fed::Refused(r) if r.is_transient() => {
                     if let Some(uid) = op.metadata.uid.clone()
@@ -362,6 +481,22 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
             }
         }
         Ok(())
+    }
+
+    /// A claimable operation is marked `Pending` and told, once, the fault it waits for.
+    async fn tell_unhealthy(&mut self, op: &MachineOperation) {
+        let Some(fault) = self.health.fault() else {
+            return;
+        };
+        if address::claim(op, 0).is_none() {
+            return;
+        }
+        if let Some(uid) = op.metadata.uid.clone()
+            && self.told_waiting.insert(uid)
+        {
+            let why = format!("waiting: {fault}; {}", fault.remedy());
+            self.runner.effects.publisher.waiting(op, &why).await;
+        }
     }
 
     /// After a (re-)list, what this node has to do: the journal line operators (and the e2e
@@ -387,6 +522,10 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
     }
 
     async fn observe_goal(&mut self) -> Result<(), DaemonError> {
+        // A repave or a reset starts from here: not in a bad environment.
+        if !self.check_health().await {
+            return Ok(());
+        }
         // An absence permits a repave when the goal changed, so it is read again before it
         // counts: a step that started a machine (a repave, its rollback) had its kubelet
         // register the Node while the Node's watch event still waited in the queue. Only

@@ -117,20 +117,30 @@ impl Store {
             Err(fs::TryLockError::WouldBlock) => return Err(StoreError::Locked(path.into())),
             Err(fs::TryLockError::Error(e)) => return Err(StoreError::io(path, e)),
         }
-        // Create the file ourselves so it is 0600 from the first byte; SQLite gives the WAL and
-        // shared-memory files the same mode.
-        OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(|e| StoreError::io(path, e))?;
+        let fresh = match fs::symlink_metadata(path) {
+            Ok(_) => false,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+            Err(e) => return Err(StoreError::io(path, e)),
+        };
+        if fresh {
+            create(path)?;
+        }
         fs::set_permissions(path, fs::Permissions::from_mode(0o600))
             .map_err(|e| StoreError::io(path, e))?;
         let mut conn = Connection::open(path)?;
         conn.busy_timeout(Duration::from_secs(5))?;
         check_integrity(&conn, path)?;
+        // A store is created whole (`create`), so an existing file without a schema (empty,
+        // truncated to nothing) is damage, never a store to start afresh in.
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .map_err(|e| corrupt(path, e))?;
+        if version == 0 {
+            return Err(StoreError::Corrupt {
+                path: path.into(),
+                detail: "no schema: the file is empty or not a flexnode store".into(),
+            });
+        }
         let mode: String =
             conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {
@@ -263,6 +273,14 @@ impl Store {
         self.conn.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// A committed write that changes nothing: whether the store can be written again after a
+    /// full disk or a read-only mount (src/reconcile/health.rs asks before it lets steps run).
+    pub fn check_writable(&self) -> Result<(), StoreError> {
+        self.conn()
+            .execute("UPDATE node SET updated_at = updated_at WHERE id = 1", [])?;
+        Ok(())
+    }
+
     /// Moves WAL content into the main file on a clean shutdown.
     pub fn checkpoint(&self) -> Result<(), StoreError> {
         self.conn()
@@ -324,7 +342,7 @@ fn load(conn: &Connection, path: &Path) -> Result<Persisted, StoreError> {
     // A reader may meet a store the daemon has not migrated yet (schema 4 added the report).
     let version: i64 = conn
         .pragma_query_value(None, "user_version", |r| r.get(0))
-        .map_err(|e| corrupt(path, &e))?;
+        .map_err(|e| corrupt(path, e))?;
     let report = if version < 4 { "NULL" } else { "n.report" };
     let row: Option<NodeRow> = conn
         .prepare_cached(&format!(
@@ -337,7 +355,7 @@ fn load(conn: &Connection, path: &Path) -> Result<Persisted, StoreError> {
             })
             .optional()
         })
-        .map_err(|e| corrupt(path, &e))?;
+        .map_err(|e| corrupt(path, e))?;
     let Some((state, pending, seq, at, report)) = row else {
         return Ok(Persisted {
             state: NodeState::default(),
@@ -386,6 +404,47 @@ fn load(conn: &Connection, path: &Path) -> Result<Persisted, StoreError> {
     })
 }
 
+/// A new store, whole or not at all: made and migrated under a temporary name (0600 from the
+/// first byte; SQLite gives its WAL and index the same mode), then renamed into place. So a
+/// crash never leaves a file at `path` that `open` would have to tell from a damaged one.
+fn create(path: &Path) -> Result<(), StoreError> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".new");
+    let tmp = PathBuf::from(tmp);
+    for leftover in [tmp.clone(), sidecar(&tmp, "-wal"), sidecar(&tmp, "-shm")] {
+        match fs::remove_file(&leftover) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(StoreError::io(&leftover, e));
+            }
+            _ => {}
+        }
+    }
+    OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(|e| StoreError::io(path, e))?;
+    {
+        let mut conn = Connection::open(&tmp)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        migrations::migrate(&mut conn).map_err(|e| corrupt_or(e, path))?;
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+    }
+    fs::rename(&tmp, path).map_err(|e| StoreError::io(path, e))?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| StoreError::io(dir, e))
+}
+
+fn sidecar(path: &Path, suffix: &str) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(suffix);
+    PathBuf::from(p)
+}
+
 fn lock_path(path: &Path) -> PathBuf {
     let mut p = path.as_os_str().to_owned();
     p.push(".lock");
@@ -415,7 +474,7 @@ fn ensure_private_dir(dir: &Path) -> Result<(), StoreError> {
 fn check_integrity(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     let result: String = conn
         .query_row("PRAGMA quick_check", [], |r| r.get(0))
-        .map_err(|e| corrupt(path, &e))?;
+        .map_err(|e| corrupt(path, e))?;
     if result != "ok" {
         return Err(StoreError::Corrupt {
             path: path.into(),
@@ -425,16 +484,27 @@ fn check_integrity(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn corrupt(path: &Path, e: &rusqlite::Error) -> StoreError {
-    StoreError::Corrupt {
-        path: path.into(),
-        detail: e.to_string(),
+/// SQLite's own verdict of damage (a malformed page, not a database) is `Corrupt`; any other
+/// failure (a full disk, a read-only filesystem, an I/O error) stays what it was, so it is
+/// never taken for damage (src/reconcile/health.rs tells those apart).
+fn corrupt(path: &Path, e: rusqlite::Error) -> StoreError {
+    use rusqlite::ffi::ErrorCode;
+    match e {
+        rusqlite::Error::SqliteFailure(ref f, _)
+            if !matches!(f.code, ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) =>
+        {
+            StoreError::Sqlite(e)
+        }
+        e => StoreError::Corrupt {
+            path: path.into(),
+            detail: e.to_string(),
+        },
     }
 }
 
 fn corrupt_or(e: migrations::MigrationError, path: &Path) -> StoreError {
     match e {
-        migrations::MigrationError::Sqlite(ref s) => corrupt(path, s),
+        migrations::MigrationError::Sqlite(s) => corrupt(path, s),
         migrations::MigrationError::TooNew { .. } => StoreError::Migration(e),
     }
 }

@@ -26,6 +26,9 @@ pub struct Agent {
     pub host: SimHost,
     client: Client,
     config: DaemonConfig,
+    /// The clock and policy the daemon runs with (default: the system's, the defaults).
+    pub clock: Option<flexnode::reconcile::clock::SteadyClock>,
+    pub policy: Option<flexnode::machine::policy::Policy>,
     task: Option<tokio::task::JoinHandle<Result<(), flexnode::reconcile::owner::DaemonError>>>,
     _dir: tempfile::TempDir,
 }
@@ -62,6 +65,8 @@ impl Agent {
             host,
             client,
             config,
+            clock: None,
+            policy: None,
             task: None,
             _dir: dir,
         };
@@ -75,8 +80,9 @@ impl Agent {
         self.host.agent_started();
         let config = self.config.clone();
         let (client, host, store) = (self.client.clone(), self.host.clone(), self.store.clone());
+        let (clock, policy) = (self.clock.clone(), self.policy.clone());
         self.task = Some(tokio::spawn(async move {
-            let runner = flexnode::cli::wiring::daemon_runner(
+            let mut runner = flexnode::cli::wiring::daemon_runner(
                 &store,
                 &config.node_name,
                 client.clone(),
@@ -85,6 +91,12 @@ impl Agent {
             )
             .await
             .expect("the daemon's store");
+            if let Some(clock) = clock {
+                runner.clock = clock;
+            }
+            if let Some(policy) = policy {
+                runner.policy = policy;
+            }
             let result =
                 flexnode::reconcile::run(config, client, runner, running, std::future::pending())
                     .await;

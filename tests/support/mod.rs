@@ -12,6 +12,7 @@ pub mod nspawn;
 pub mod proc;
 pub mod suite;
 pub mod tier;
+pub mod tmpfs;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
