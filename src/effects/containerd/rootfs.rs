@@ -29,14 +29,16 @@ const MAX_TREE_BYTES: u64 = 16 << 30;
 const OPAQUE: &str = ".wh..wh..opq";
 const WHITEOUT: &str = ".wh.";
 
+/// How a layer's tar stream is stored.
 #[derive(Clone, Copy, Debug)]
-enum Compression {
+pub enum Compression {
     None,
     Gzip,
 }
 
 impl Compression {
-    fn of(media_type: &str) -> EffectResult<Self> {
+    /// From the layer's media type: tar or tar+gzip only.
+    pub fn of(media_type: &str) -> EffectResult<Self> {
         match media_type {
             "application/vnd.oci.image.layer.v1.tar"
             | "application/vnd.docker.image.rootfs.diff.tar" => Ok(Self::None),
@@ -130,8 +132,8 @@ impl GrpcContainerd {
 }
 
 /// The blocking half: decompress, hash, apply. At most `left` uncompressed bytes; returns
-/// how many there were.
-fn apply_layer(
+/// how many there were. Public for the fuzz targets (`fuzz/`): a layer is a registry's bytes.
+pub fn apply_layer(
     src: impl Read,
     compression: Compression,
     dir: &Path,
