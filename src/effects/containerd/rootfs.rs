@@ -181,9 +181,17 @@ pub fn apply_layer(
         if name == OPAQUE {
             empty_dir(dir, parent, &own)?;
         } else if let Some(hidden) = name.strip_prefix(WHITEOUT) {
-            let target = resolve_in_root(dir, &parent.join(hidden))
-                .map_err(|e| io_failed("resolve", &dir.join(parent).join(hidden), &e))?;
-            remove_tree(&target)?;
+            // The entry it names, not what a link there points to (as containerd resolves only
+            // the parent); never the directory itself or its parent.
+            if matches!(hidden, "" | "." | "..") {
+                return Err(EffectError::Failed(format!(
+                    "layer {layer}: whiteout {:?} names no entry",
+                    rel.display()
+                )));
+            }
+            let parent = resolve_in_root(dir, parent)
+                .map_err(|e| io_failed("resolve", &dir.join(parent), &e))?;
+            remove_tree(&parent.join(hidden))?;
         } else {
             // Unpacked again after a crash: a link cannot be made over what is there.
             if !entry.header().entry_type().is_dir() {
@@ -366,6 +374,51 @@ mod tests {
             wrong.to_string().contains("not the config's diffID"),
             "{wrong}"
         );
+    }
+
+    /// One empty regular entry named `name`: a whiteout.
+    fn whiteout_layer(name: &str) -> Vec<u8> {
+        let mut tar = tar::Builder::new(Vec::new());
+        let mut header = tar::Header::new_gnu();
+        header.set_size(0);
+        header.set_mode(0o644);
+        header.set_mtime(0);
+        header.set_cksum();
+        tar.append_data(&mut header, name, std::io::empty())
+            .expect("append");
+        tar.into_inner().expect("tar")
+    }
+
+    /// A whiteout removes the entry it names: a link there, not the directory it points to
+    /// (fuzz target `layer`); one naming `..` is refused, not the tree removed.
+    #[test]
+    fn a_whiteout_removes_the_link_not_its_target() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let tree = dir.path();
+        std::fs::create_dir_all(tree.join("usr/lib")).expect("mkdir");
+        std::fs::write(tree.join("usr/lib/libx.so"), "x").expect("write");
+        std::os::unix::fs::symlink("usr/lib", tree.join("lib")).expect("link");
+        let apply = |name: &str| {
+            let bytes = whiteout_layer(name);
+            let diff_id = format!("sha256:{}", hex::encode(Sha256::digest(&bytes)));
+            apply_layer(
+                bytes.as_slice(),
+                Compression::None,
+                tree,
+                "l",
+                &diff_id,
+                1 << 20,
+            )
+        };
+        apply(".wh.lib").expect("whiteout");
+        assert!(
+            std::fs::symlink_metadata(tree.join("lib")).is_err(),
+            "the link stays"
+        );
+        assert!(tree.join("usr/lib/libx.so").exists(), "its target went");
+        let e = apply("usr/.wh...").expect_err("a whiteout of ..");
+        assert!(e.to_string().contains("names no entry"), "{e}");
+        assert!(tree.join("usr/lib/libx.so").exists());
     }
 
     #[test]
