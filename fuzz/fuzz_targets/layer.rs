@@ -1,0 +1,7 @@
+//! cargo-fuzz target `layer`: the checks are in `fuzz/src/layer.rs` (shared with
+//! `tests/fuzz_findings.rs`, which replays every kept input).
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    flexnode_fuzz::layer::check(data, flexnode_fuzz::scratch("layer"));
+});

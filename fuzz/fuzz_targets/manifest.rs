@@ -1,0 +1,7 @@
+//! cargo-fuzz target `manifest`: the checks are in `fuzz/src/manifest.rs` (shared with
+//! `tests/fuzz_findings.rs`, which replays every kept input).
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    flexnode_fuzz::manifest::check(data, flexnode_fuzz::scratch("manifest"));
+});
