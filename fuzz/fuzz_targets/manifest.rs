@@ -2,6 +2,9 @@
 //! `tests/fuzz_findings.rs`, which replays every kept input).
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    flexnode_fuzz::manifest::check(data, flexnode_fuzz::scratch("manifest"));
-});
+libfuzzer_sys::fuzz_target!(
+    init: flexnode_fuzz::write_seeds("manifest"),
+    |data: &[u8]| {
+        flexnode_fuzz::manifest::check(data, flexnode_fuzz::scratch("manifest"));
+    }
+);

@@ -2,6 +2,9 @@
 //! `tests/fuzz_findings.rs`, which replays every kept input).
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    flexnode_fuzz::oci_ref::check(data, flexnode_fuzz::scratch("oci_ref"));
-});
+libfuzzer_sys::fuzz_target!(
+    init: flexnode_fuzz::write_seeds("oci_ref"),
+    |data: &[u8]| {
+        flexnode_fuzz::oci_ref::check(data, flexnode_fuzz::scratch("oci_ref"));
+    }
+);

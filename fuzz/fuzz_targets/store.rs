@@ -2,6 +2,9 @@
 //! `tests/fuzz_findings.rs`, which replays every kept input).
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    flexnode_fuzz::store::check(data, flexnode_fuzz::scratch("store"));
-});
+libfuzzer_sys::fuzz_target!(
+    init: flexnode_fuzz::write_seeds("store"),
+    |data: &[u8]| {
+        flexnode_fuzz::store::check(data, flexnode_fuzz::scratch("store"));
+    }
+);

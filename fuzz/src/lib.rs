@@ -18,6 +18,18 @@ pub mod upgrade_params;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+/// Before the fuzzer reads its corpora: writes `target`'s seeds (`seeds.rs`) into the directory
+/// `FLEXNODE_FUZZ_SEEDS` names, if set (`fuzz/run` passes it as a corpus).
+pub fn write_seeds(target: &str) {
+    let Some(dir) = std::env::var_os("FLEXNODE_FUZZ_SEEDS").map(PathBuf::from) else {
+        return;
+    };
+    std::fs::create_dir_all(&dir).expect("create the seed directory");
+    for seed in seeds::all().into_iter().filter(|s| s.target == target) {
+        std::fs::write(dir.join(&seed.name), &seed.data).expect("write a seed");
+    }
+}
+
 /// The scratch directory of `target` for this process: under `FLEXNODE_FUZZ_SCRATCH` (which
 /// `fuzz/run` points at a private tmpfs), else under `/dev/shm`.
 pub fn scratch(target: &str) -> &'static Path {

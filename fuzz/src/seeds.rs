@@ -1,6 +1,7 @@
 //! The seed corpora: valid and near-valid inputs for every target, made here rather than
-//! committed (`fuzz/run` writes them with the `seeds` binary; `tests/fuzz_findings.rs` checks
-//! that each one still takes the path it was made for). Secrets are planted as [`MARKER`].
+//! committed (each target writes its own before it starts, `write_seeds` in `lib.rs`;
+//! `tests/fuzz_findings.rs` checks that each one still takes the path it was made for).
+//! Secrets are planted as [`MARKER`].
 
 use crate::common::MARKER;
 use flexnode::machine::agent::InstallMode;
