@@ -133,7 +133,42 @@ impl GrpcContainerd {
 
 /// The blocking half: decompress, hash, apply. At most `left` uncompressed bytes; returns
 /// how many there were. Public for the fuzz targets (`fuzz/`): a layer is a registry's bytes.
+/// A failure's message quotes the layer (its paths; a tar error quotes header bytes), so it is
+/// made one line of bounded length: it reaches the Machine's status and the journal.
 pub fn apply_layer(
+    src: impl Read,
+    compression: Compression,
+    dir: &Path,
+    layer: &str,
+    diff_id: &str,
+    left: u64,
+) -> EffectResult<u64> {
+    apply_layer_entries(src, compression, dir, layer, diff_id, left).map_err(|e| match e {
+        EffectError::Failed(message) => EffectError::Failed(one_line(&message)),
+        other => other,
+    })
+}
+
+/// Control characters escaped, at most `MAX_MESSAGE` bytes.
+fn one_line(text: &str) -> String {
+    const MAX_MESSAGE: usize = 400;
+    let mut out = String::new();
+    for c in text.chars() {
+        let piece: String = if c.is_control() {
+            c.escape_default().collect()
+        } else {
+            c.to_string()
+        };
+        if out.len() + piece.len() > MAX_MESSAGE {
+            out.push('…');
+            break;
+        }
+        out.push_str(&piece);
+    }
+    out
+}
+
+fn apply_layer_entries(
     src: impl Read,
     compression: Compression,
     dir: &Path,
@@ -419,6 +454,33 @@ mod tests {
         let e = apply("usr/.wh...").expect_err("a whiteout of ..");
         assert!(e.to_string().contains("names no entry"), "{e}");
         assert!(tree.join("usr/lib/libx.so").exists());
+    }
+
+    /// A message that quotes the layer (here an entry's name) stays one short line (fuzz
+    /// target `layer`: a tar error quoting header bytes spanned lines).
+    #[test]
+    fn a_failure_is_one_short_line() {
+        let mut header = tar::Header::new_gnu();
+        let name = b"a\nb\r/../../x";
+        header.as_old_mut().name[..name.len()].copy_from_slice(name);
+        header.set_size(0);
+        header.set_cksum();
+        let mut bytes = header.as_bytes().to_vec();
+        bytes.extend_from_slice(&[0u8; 1024]);
+        let dir = tempfile::tempdir().expect("tmp");
+        let e = apply_layer(
+            bytes.as_slice(),
+            Compression::None,
+            dir.path(),
+            "l",
+            "d",
+            1 << 20,
+        )
+        .expect_err("it climbs");
+        let text = e.to_string();
+        assert!(text.contains("leaves the tree"), "{text:?}");
+        assert!(!text.contains(['\n', '\r']), "{text:?}");
+        assert_eq!(one_line(&"x".repeat(1000)).len(), 400 + '…'.len_utf8());
     }
 
     #[test]
