@@ -177,9 +177,36 @@ impl fmt::Display for ArchiveUrl {
 
 /// The one URL redaction: a URL as messages, logs, the journal and the CLI may show it.
 /// Userinfo becomes `<redacted>@`, a query `?<redacted>`, a fragment `#<redacted>`; scheme,
-/// host and path stay. Anything else (not a URL) is shown up to its first `?` or `#`.
+/// host and path stay. A URL is read as a WHATWG parser (the `url` crate, as validation and
+/// downloads) reads it, so spellings it forgives (`https:/u:p@h`, backslashes, no slashes,
+/// tabs) are redacted as what they mean. Anything else (not a URL) is shown up to its first
+/// `?` or `#`, with what looks like userinfo redacted.
 pub fn redact_url(raw: &str) -> String {
     const R: &str = "<redacted>";
+    if let Ok(url) = url::Url::parse(raw) {
+        let mut out = format!("{}:", url.scheme());
+        if url.has_authority() {
+            out.push_str("//");
+            if !url.username().is_empty() || url.password().is_some() {
+                out.push_str(R);
+                out.push('@');
+            }
+            out.push_str(url.host_str().unwrap_or_default());
+            if let Some(port) = url.port() {
+                out.push_str(&format!(":{port}"));
+            }
+        }
+        out.push_str(url.path());
+        if url.query().is_some() {
+            out.push('?');
+            out.push_str(R);
+        }
+        if url.fragment().is_some() {
+            out.push('#');
+            out.push_str(R);
+        }
+        return out;
+    }
     let cut = raw.find(['?', '#']).unwrap_or(raw.len());
     let (base, rest) = raw.split_at(cut);
     let mut out = match base.split_once("://") {
@@ -273,6 +300,25 @@ mod tests {
             ),
             ("oci://registry.example/x:v1", "oci://registry.example/x:v1"),
             ("not a url?secret", "not a url?<redacted>"),
+            // Spellings a WHATWG parser forgives mean the same URL (fuzz target archive_url).
+            (
+                "https:/u:p@a.example/f.tgz",
+                "https://<redacted>@a.example/f.tgz",
+            ),
+            (
+                "https:\\\\u:p@a.example\\f.tgz",
+                "https://<redacted>@a.example/f.tgz",
+            ),
+            ("HTTPS:u:p@A.example/f", "https://<redacted>@a.example/f"),
+            (
+                " https://a.example/f?s\tig=1 ",
+                "https://a.example/f?<redacted>",
+            ),
+            (
+                "oci://u:p@registry.example/x",
+                "oci://<redacted>@registry.example/x",
+            ),
+            ("file:///etc/passwd", "file:///etc/passwd"),
         ] {
             assert_eq!(redact_url(raw), shown, "{raw}");
         }

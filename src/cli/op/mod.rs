@@ -7,7 +7,7 @@
 pub mod command;
 pub mod create;
 mod follow;
-mod show;
+pub mod show;
 
 use super::Failure;
 use crate::api::MachineOperation;

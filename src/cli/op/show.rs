@@ -178,7 +178,8 @@ pub(super) async fn get(
     Ok(ExitCode::SUCCESS)
 }
 
-pub(super) fn human(op: &MachineOperation) -> String {
+/// `op get`'s human form. Public for the property tests of secrets (`tests/url_secrets.rs`).
+pub fn human(op: &MachineOperation) -> String {
     let status = op.status.as_ref();
     let none = || "<none>".to_string();
     let time = |t: Option<&Time>| t.map_or_else(none, |t| t.0.to_string());
@@ -210,7 +211,8 @@ pub(super) fn human(op: &MachineOperation) -> String {
 
 /// The object as JSON, without anything that may carry credentials: the download URL's query
 /// (and userinfo), kubectl's last-applied copy of the spec, and managedFields (as kubectl hides).
-pub(super) fn redacted(op: &MachineOperation) -> Result<serde_json::Value, Failure> {
+/// Public for the fuzz targets and the property tests of secrets (`tests/url_secrets.rs`).
+pub fn redacted(op: &MachineOperation) -> Result<serde_json::Value, Failure> {
     let mut v = serde_json::to_value(op)
         .map_err(|e| Failure::failed(format!("cannot render the object: {e}")))?;
     if let Some(url) = v.pointer_mut("/spec/parameters/downloadURL")

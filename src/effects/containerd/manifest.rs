@@ -1,4 +1,5 @@
 //! Manifests, indexes and image configs: what a pull resolves before it writes anything.
+//! Public for the fuzz targets (`fuzz/`): every byte here comes from a registry.
 
 use super::{
     MEDIA_DOCKER_LIST, MEDIA_DOCKER_MANIFEST, MEDIA_OCI_INDEX, MEDIA_OCI_MANIFEST, parse_json,
@@ -8,12 +9,13 @@ use crate::machine::agent::Sha256Hex;
 use containerd_client::types::Descriptor;
 use std::collections::HashMap;
 
-pub(super) fn is_index(media_type: &str) -> bool {
+/// The media type names an index (OCI) or a manifest list (Docker).
+pub fn is_index(media_type: &str) -> bool {
     media_type == MEDIA_OCI_INDEX || media_type == MEDIA_DOCKER_LIST
 }
 
 /// The `mediaType` field, else the registry's Content-Type, else guessed from the shape.
-pub(super) fn media_type_of(json: &serde_json::Value, content_type: Option<&str>) -> String {
+pub fn media_type_of(json: &serde_json::Value, content_type: Option<&str>) -> String {
     if let Some(mt) = json.get("mediaType").and_then(|v| v.as_str()) {
         return mt.to_string();
     }
@@ -37,11 +39,9 @@ pub(super) fn media_type_of(json: &serde_json::Value, content_type: Option<&str>
     }
 }
 
-pub(super) fn descriptor(
-    v: &serde_json::Value,
-    what: &str,
-    parent: &str,
-) -> EffectResult<Descriptor> {
+/// A descriptor as a pull may use it: a `sha256:<64 lowercase hex>` digest, a size, no
+/// foreign `urls`. `what` and `parent` name it in the message.
+pub fn descriptor(v: &serde_json::Value, what: &str, parent: &str) -> EffectResult<Descriptor> {
     let bad = |why: &str| EffectError::Failed(format!("{parent}: {what}: {why}"));
     let digest = v
         .get("digest")
@@ -73,13 +73,15 @@ pub(super) fn descriptor(
     })
 }
 
-pub(super) struct Manifest {
-    pub(super) config: Descriptor,
-    pub(super) layers: Vec<Descriptor>,
+/// An image manifest's config and layers (at least one).
+pub struct Manifest {
+    pub config: Descriptor,
+    pub layers: Vec<Descriptor>,
 }
 
 impl Manifest {
-    pub(super) fn parse(bytes: &[u8], digest: &str) -> EffectResult<Self> {
+    /// A schemaVersion 2 image manifest (`digest` names it in messages); never an index.
+    pub fn parse(bytes: &[u8], digest: &str) -> EffectResult<Self> {
         let v = parse_json(bytes, "manifest", digest)?;
         if v.get("schemaVersion").and_then(serde_json::Value::as_i64) != Some(2) {
             return Err(EffectError::Failed(format!(
@@ -113,7 +115,8 @@ impl Manifest {
     }
 }
 
-pub(super) fn config_diff_ids(bytes: &[u8], digest: &str) -> EffectResult<Vec<String>> {
+/// The image config's `rootfs.diff_ids`, each as `sha256:<64 lowercase hex>`.
+pub fn config_diff_ids(bytes: &[u8], digest: &str) -> EffectResult<Vec<String>> {
     let v = parse_json(bytes, "config", digest)?;
     let ids = v
         .get("rootfs")
@@ -130,4 +133,39 @@ pub(super) fn config_diff_ids(bytes: &[u8], digest: &str) -> EffectResult<Vec<St
                 })
         })
         .collect()
+}
+
+/// The manifest for `os`/`architecture` in an index: `(position, descriptor)`, the first that
+/// matches; a nested index is refused.
+pub fn pick_platform(
+    index: &serde_json::Value,
+    index_digest: &str,
+    os: &str,
+    architecture: &str,
+) -> EffectResult<(usize, Descriptor)> {
+    let manifests = index
+        .get("manifests")
+        .and_then(|m| m.as_array())
+        .ok_or_else(|| EffectError::Failed(format!("index {index_digest} has no manifests")))?;
+    for (pos, m) in manifests.iter().enumerate() {
+        let platform = m.get("platform");
+        let field = |k: &str| {
+            platform
+                .and_then(|p| p.get(k))
+                .and_then(|v| v.as_str())
+                .unwrap_or_default()
+        };
+        if field("os") == os && field("architecture") == architecture {
+            let desc = descriptor(m, "index entry", index_digest)?;
+            if is_index(&desc.media_type) {
+                return Err(EffectError::Failed(format!(
+                    "index {index_digest}: nested indexes are not supported"
+                )));
+            }
+            return Ok((pos, desc));
+        }
+    }
+    Err(EffectError::Failed(format!(
+        "index {index_digest} has no {os}/{architecture} manifest"
+    )))
 }

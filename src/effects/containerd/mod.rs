@@ -28,7 +28,7 @@ mod check;
 mod container;
 mod content;
 mod lazy;
-mod manifest;
+pub mod manifest;
 mod progress;
 mod pull;
 pub mod registry;
@@ -41,6 +41,7 @@ pub use container::{StopOutcome, TaskIo, TaskState};
 pub use lazy::LazyContainerd;
 pub use progress::{PROGRESS_EVERY, ProgressFn, PullProgress};
 pub use registry::{RegistryConfig, basic_credentials};
+pub use rootfs::{Compression, apply_layer};
 pub use spec::{BindMount, MANAGED_LABEL, MANAGED_VALUE, RUNC_RUNTIME, SPEC_TYPE_URL};
 
 use super::host::agent_image_ref;

@@ -1,7 +1,7 @@
 //! The pull itself (see the module docs in `mod.rs` for its five steps): resolve, fetch
 //! under a lease, unpack, then the image record.
 
-use super::manifest::{Manifest, config_diff_ids, descriptor, is_index, media_type_of};
+use super::manifest::{Manifest, config_diff_ids, is_index, media_type_of, pick_platform};
 use super::progress::PullTracker;
 use super::registry::{BlobKind, Registry, RegistryRef};
 use super::{
@@ -196,38 +196,13 @@ impl GrpcContainerd {
         })
     }
 
-    /// The platform manifest in an index: `(position, descriptor)`.
+    /// The platform manifest in an index: `(position, descriptor)`, for this client's platform.
     pub(super) fn pick_platform(
         &self,
         index: &serde_json::Value,
         index_digest: &str,
     ) -> EffectResult<(usize, Descriptor)> {
-        let manifests = index
-            .get("manifests")
-            .and_then(|m| m.as_array())
-            .ok_or_else(|| EffectError::Failed(format!("index {index_digest} has no manifests")))?;
-        for (pos, m) in manifests.iter().enumerate() {
-            let platform = m.get("platform");
-            let field = |k: &str| {
-                platform
-                    .and_then(|p| p.get(k))
-                    .and_then(|v| v.as_str())
-                    .unwrap_or_default()
-            };
-            if field("os") == self.os && field("architecture") == self.architecture {
-                let desc = descriptor(m, "index entry", index_digest)?;
-                if is_index(&desc.media_type) {
-                    return Err(EffectError::Failed(format!(
-                        "index {index_digest}: nested indexes are not supported"
-                    )));
-                }
-                return Ok((pos, desc));
-            }
-        }
-        Err(EffectError::Failed(format!(
-            "index {index_digest} has no {}/{} manifest",
-            self.os, self.architecture
-        )))
+        pick_platform(index, index_digest, &self.os, &self.architecture)
     }
 
     /// A manifest, index or config: from the content store when present (re-verified), else

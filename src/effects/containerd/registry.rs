@@ -47,17 +47,19 @@ impl BlobKind {
 }
 
 /// `registry/repository@sha256:…`, as the agent accepts it: pinned, with a registry host,
-/// without credentials or a tag.
+/// without credentials or a tag. Public for the fuzz targets (`fuzz/`): what the validation of
+/// an `oci://` reference accepts, a pull must accept too.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct RegistryRef {
+pub struct RegistryRef {
     /// As written in the reference (`127.0.0.1:5000`).
-    pub(super) registry: String,
-    pub(super) repository: String,
-    pub(super) digest: Sha256Hex,
+    pub registry: String,
+    pub repository: String,
+    pub digest: Sha256Hex,
 }
 
 impl RegistryRef {
-    pub(super) fn parse(reference: &str, digest: &Sha256Hex) -> EffectResult<Self> {
+    /// Parses a pinned reference; `digest` is the one the caller asked for and must match.
+    pub fn parse(reference: &str, digest: &Sha256Hex) -> EffectResult<Self> {
         let bad = |why: &str| EffectError::Failed(format!("image reference: {why}"));
         let (name, pinned) = reference
             .rsplit_once('@')
@@ -102,11 +104,13 @@ impl RegistryRef {
         })
     }
 
-    pub(super) fn display(&self) -> String {
+    /// `registry/repository`, as messages name the image.
+    pub fn display(&self) -> String {
         format!("{}/{}", self.registry, self.repository)
     }
 
-    pub(super) fn pinned(&self) -> String {
+    /// `registry/repository@sha256:…`, the image record's name and what is pulled.
+    pub fn pinned(&self) -> String {
         self.at(&self.digest.oci())
     }
 
@@ -353,7 +357,8 @@ fn not_tls(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-fn reference(pinned: &str) -> EffectResult<Reference> {
+/// A pinned reference as oci-client reads it (what the registry requests are built from).
+pub fn reference(pinned: &str) -> EffectResult<Reference> {
     pinned
         .parse()
         .map_err(|_| EffectError::Failed("image reference: not a valid reference".into()))

@@ -29,14 +29,16 @@ const MAX_TREE_BYTES: u64 = 16 << 30;
 const OPAQUE: &str = ".wh..wh..opq";
 const WHITEOUT: &str = ".wh.";
 
+/// How a layer's tar stream is stored.
 #[derive(Clone, Copy, Debug)]
-enum Compression {
+pub enum Compression {
     None,
     Gzip,
 }
 
 impl Compression {
-    fn of(media_type: &str) -> EffectResult<Self> {
+    /// From the layer's media type: tar or tar+gzip only.
+    pub fn of(media_type: &str) -> EffectResult<Self> {
         match media_type {
             "application/vnd.oci.image.layer.v1.tar"
             | "application/vnd.docker.image.rootfs.diff.tar" => Ok(Self::None),
@@ -130,8 +132,43 @@ impl GrpcContainerd {
 }
 
 /// The blocking half: decompress, hash, apply. At most `left` uncompressed bytes; returns
-/// how many there were.
-fn apply_layer(
+/// how many there were. Public for the fuzz targets (`fuzz/`): a layer is a registry's bytes.
+/// A failure's message quotes the layer (its paths; a tar error quotes header bytes), so it is
+/// made one line of bounded length: it reaches the Machine's status and the journal.
+pub fn apply_layer(
+    src: impl Read,
+    compression: Compression,
+    dir: &Path,
+    layer: &str,
+    diff_id: &str,
+    left: u64,
+) -> EffectResult<u64> {
+    apply_layer_entries(src, compression, dir, layer, diff_id, left).map_err(|e| match e {
+        EffectError::Failed(message) => EffectError::Failed(one_line(&message)),
+        other => other,
+    })
+}
+
+/// Control characters escaped, at most `MAX_MESSAGE` bytes.
+fn one_line(text: &str) -> String {
+    const MAX_MESSAGE: usize = 400;
+    let mut out = String::new();
+    for c in text.chars() {
+        let piece: String = if c.is_control() {
+            c.escape_default().collect()
+        } else {
+            c.to_string()
+        };
+        if out.len() + piece.len() > MAX_MESSAGE {
+            out.push('…');
+            break;
+        }
+        out.push_str(&piece);
+    }
+    out
+}
+
+fn apply_layer_entries(
     src: impl Read,
     compression: Compression,
     dir: &Path,
@@ -179,9 +216,17 @@ fn apply_layer(
         if name == OPAQUE {
             empty_dir(dir, parent, &own)?;
         } else if let Some(hidden) = name.strip_prefix(WHITEOUT) {
-            let target = resolve_in_root(dir, &parent.join(hidden))
-                .map_err(|e| io_failed("resolve", &dir.join(parent).join(hidden), &e))?;
-            remove_tree(&target)?;
+            // The entry it names, not what a link there points to (as containerd resolves only
+            // the parent); never the directory itself or its parent.
+            if matches!(hidden, "" | "." | "..") {
+                return Err(EffectError::Failed(format!(
+                    "layer {layer}: whiteout {:?} names no entry",
+                    rel.display()
+                )));
+            }
+            let parent = resolve_in_root(dir, parent)
+                .map_err(|e| io_failed("resolve", &dir.join(parent), &e))?;
+            remove_tree(&parent.join(hidden))?;
         } else {
             // Unpacked again after a crash: a link cannot be made over what is there.
             if !entry.header().entry_type().is_dir() {
@@ -364,6 +409,78 @@ mod tests {
             wrong.to_string().contains("not the config's diffID"),
             "{wrong}"
         );
+    }
+
+    /// One empty regular entry named `name`: a whiteout.
+    fn whiteout_layer(name: &str) -> Vec<u8> {
+        let mut tar = tar::Builder::new(Vec::new());
+        let mut header = tar::Header::new_gnu();
+        header.set_size(0);
+        header.set_mode(0o644);
+        header.set_mtime(0);
+        header.set_cksum();
+        tar.append_data(&mut header, name, std::io::empty())
+            .expect("append");
+        tar.into_inner().expect("tar")
+    }
+
+    /// A whiteout removes the entry it names: a link there, not the directory it points to
+    /// (fuzz target `layer`); one naming `..` is refused, not the tree removed.
+    #[test]
+    fn a_whiteout_removes_the_link_not_its_target() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let tree = dir.path();
+        std::fs::create_dir_all(tree.join("usr/lib")).expect("mkdir");
+        std::fs::write(tree.join("usr/lib/libx.so"), "x").expect("write");
+        std::os::unix::fs::symlink("usr/lib", tree.join("lib")).expect("link");
+        let apply = |name: &str| {
+            let bytes = whiteout_layer(name);
+            let diff_id = format!("sha256:{}", hex::encode(Sha256::digest(&bytes)));
+            apply_layer(
+                bytes.as_slice(),
+                Compression::None,
+                tree,
+                "l",
+                &diff_id,
+                1 << 20,
+            )
+        };
+        apply(".wh.lib").expect("whiteout");
+        assert!(
+            std::fs::symlink_metadata(tree.join("lib")).is_err(),
+            "the link stays"
+        );
+        assert!(tree.join("usr/lib/libx.so").exists(), "its target went");
+        let e = apply("usr/.wh...").expect_err("a whiteout of ..");
+        assert!(e.to_string().contains("names no entry"), "{e}");
+        assert!(tree.join("usr/lib/libx.so").exists());
+    }
+
+    /// A message that quotes the layer (here an entry's name) stays one short line (fuzz
+    /// target `layer`: a tar error quoting header bytes spanned lines).
+    #[test]
+    fn a_failure_is_one_short_line() {
+        let mut header = tar::Header::new_gnu();
+        let name = b"a\nb\r/../../x";
+        header.as_old_mut().name[..name.len()].copy_from_slice(name);
+        header.set_size(0);
+        header.set_cksum();
+        let mut bytes = header.as_bytes().to_vec();
+        bytes.extend_from_slice(&[0u8; 1024]);
+        let dir = tempfile::tempdir().expect("tmp");
+        let e = apply_layer(
+            bytes.as_slice(),
+            Compression::None,
+            dir.path(),
+            "l",
+            "d",
+            1 << 20,
+        )
+        .expect_err("it climbs");
+        let text = e.to_string();
+        assert!(text.contains("leaves the tree"), "{text:?}");
+        assert!(!text.contains(['\n', '\r']), "{text:?}");
+        assert_eq!(one_line(&"x".repeat(1000)).len(), 400 + '…'.len_utf8());
     }
 
     #[test]
