@@ -121,12 +121,13 @@ where
         .iter()
         .map(|(watch, fields)| {
             let api = Api::all(client.clone());
-            watch::operations(api, watch, fields, tx.clone(), counters.clone())
+            watch::operations(api, name, watch, fields, tx.clone(), counters.clone())
         })
         .collect();
     tasks.push(watch::single(
         Api::<Node>::all(client.clone()),
         name,
+        "node",
         tx.clone(),
         |n| Msg::Node(n.map(Box::new)),
         counters.clone(),
@@ -134,6 +135,7 @@ where
     tasks.push(watch::single(
         Api::<Machine>::all(client.clone()),
         name,
+        "machine",
         tx,
         |m| Msg::Machine(m.map(Box::new)),
         counters.clone(),
@@ -141,6 +143,9 @@ where
     counters
         .watches
         .store(tasks.len() as u64, Ordering::Relaxed);
+    // Counters shared with an earlier run of the daemon (tests restart it in one process):
+    // its watches are gone, and so is whatever they left interrupted.
+    counters.away.store(0, Ordering::Relaxed);
     let _abort = AbortOnDrop(tasks.iter().map(|t| t.abort_handle()).collect());
     let mut next_tick = Instant::now() + config.tick;
     tokio::pin!(shutdown);
