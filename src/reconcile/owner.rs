@@ -70,6 +70,8 @@ struct Owner<S, C, H> {
     told_waiting: std::collections::HashSet<String>,
     /// The goal observation last logged (logged again only when it changes).
     last_observed: Option<GoalObservation>,
+    /// The watches' account of themselves: claims wait while one is interrupted.
+    counters: Arc<WatchCounters>,
 }
 
 /// Runs the daemon with `runner` until `shutdown` completes (or the task is dropped).
@@ -94,6 +96,7 @@ where
         machine: None,
         told_waiting: Default::default(),
         last_observed: None,
+        counters: config.counters.clone(),
     };
     // A step of long effects (a repave: unpack, start, the wait for the kubelet) keeps the
     // watchdog fed while it makes progress; a wedged loop still gets the agent restarted.
@@ -321,8 +324,12 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
     /// Not before the Machine's watch has reported once (an absent Machine counts): every
     /// claim carries its generation (`observedMachineGeneration`), which a claim made earlier
     /// would report as none.
+    ///
+    /// While a watch is interrupted (the API server away) nothing is claimed: a claim's first
+    /// effect writes `InProgress`, and an outage would fail the operation instead of leaving
+    /// it for later.
     async fn claim_waiting(&mut self) -> Result<(), DaemonError> {
-        if self.machine.is_none() {
+        if self.machine.is_none() || !self.counters.connected() {
             return Ok(());
         }
         let labels = self.labels();
