@@ -403,7 +403,8 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
         // counts: a step that started a machine (a repave, its rollback) had its kubelet
         // register the Node while the Node's watch event still waited in the queue. Only
         // then: a node without a kubelet has no Node for good, and every tick would ask.
-        if self.goal_changed(&self.runner.state()?) && matches!(self.node, Some(None)) {
+        let state = self.runner.state()?;
+        if self.goal_changed(&state) && matches!(self.node, Some(None)) {
             let api: Api<Node> = Api::all(self.client.clone());
             match api.get_opt(&self.node_name).await {
                 Ok(Some(n)) => self.node = Some(Some(Box::new(n))),
@@ -413,6 +414,9 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
                     return Ok(());
                 }
             }
+        }
+        if matches!(state, NodeState::Ready { .. }) && !self.deletion_signal_confirmed().await {
+            return Ok(());
         }
         let (Some(node), Some(machine)) = (&self.node, &self.machine) else {
             return Ok(());
@@ -450,6 +454,38 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
             self.last_observed = Some(observed);
         }
         Ok(())
+    }
+
+    /// The deletion signal (the Node tainted, the Machine gone) resets the node, so both halves
+    /// are read again before they count: the watches report each object on its own, and after
+    /// the API server lost its data (etcd wiped or restored) the Machine's re-list can arrive
+    /// while the Node's watch still holds the tainted Node it saw before. What the reads find
+    /// replaces what the watches said; a failed read leaves the decision to the next tick.
+    /// Anything but the signal as watched passes unread; only a node at rest acts on it.
+    async fn deletion_signal_confirmed(&mut self) -> bool {
+        let watched = matches!(
+            (&self.node, &self.machine),
+            (Some(Some(n)), Some(None)) if has_deletion_taint(n)
+        );
+        if !watched {
+            return true;
+        }
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let machines: Api<Machine> = Api::all(self.client.clone());
+        match (
+            nodes.get_opt(&self.node_name).await,
+            machines.get_opt(&self.node_name).await,
+        ) {
+            (Ok(node), Ok(machine)) => {
+                self.node = Some(node.map(Box::new));
+                self.machine = Some(machine.map(Box::new));
+                true
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::warn!(node = %self.node_name, error = %e, "the deletion signal not confirmed by a read; waiting");
+                false
+            }
+        }
     }
 
     /// Deletes finished operations whose `ttlSecondsAfterFinished` has passed.
