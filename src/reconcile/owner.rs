@@ -72,6 +72,8 @@ struct Owner<S, C, H> {
     last_observed: Option<GoalObservation>,
     /// The watches' account of themselves: claims wait while one is interrupted.
     counters: Arc<WatchCounters>,
+    /// A read that a decision waits for failed (said once, until a read succeeds).
+    unconfirmed: bool,
 }
 
 /// Runs the daemon with `runner` until `shutdown` completes (or the task is dropped).
@@ -97,6 +99,7 @@ where
         told_waiting: Default::default(),
         last_observed: None,
         counters: config.counters.clone(),
+        unconfirmed: false,
     };
     // A step of long effects (a repave: unpack, start, the wait for the kubelet) keeps the
     // watchdog fed while it makes progress; a wedged loop still gets the agent restarted.
@@ -399,23 +402,24 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
     }
 
     async fn observe_goal(&mut self) -> Result<(), DaemonError> {
-        // An absence permits a repave when the goal changed, so it is read again before it
-        // counts: a step that started a machine (a repave, its rollback) had its kubelet
-        // register the Node while the Node's watch event still waited in the queue. Only
-        // then: a node without a kubelet has no Node for good, and every tick would ask.
+        // The two decisions that change the node on their own act on two objects the
+        // watches report each on its own, so both are read again before either counts:
+        // - a repave (the goal changed, the Node absent): a step that started a machine (a
+        //   repave, its rollback) had its kubelet register the Node while the Node's watch
+        //   event still waited in the queue; after the API server lost its data (etcd wiped
+        //   or restored) the Node's re-list can arrive while the Machine's watch still holds
+        //   a goal that no longer exists;
+        // - the deletion signal (the Node tainted, the Machine gone), on a node at rest: the
+        //   Machine's re-list can pair with the tainted Node the Node's watch still holds.
+        // Only then: a node without a kubelet has no Node for good, and every tick would ask.
         let state = self.runner.state()?;
-        if self.goal_changed(&state) && matches!(self.node, Some(None)) {
-            let api: Api<Node> = Api::all(self.client.clone());
-            match api.get_opt(&self.node_name).await {
-                Ok(Some(n)) => self.node = Some(Some(Box::new(n))),
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, "the Node's absence not confirmed; waiting");
-                    return Ok(());
-                }
-            }
-        }
-        if matches!(state, NodeState::Ready { .. }) && !self.deletion_signal_confirmed().await {
+        let repave = self.goal_changed(&state) && matches!(self.node, Some(None));
+        let signal = matches!(state, NodeState::Ready { .. })
+            && matches!(
+                (&self.node, &self.machine),
+                (Some(Some(n)), Some(None)) if has_deletion_taint(n)
+            );
+        if (repave || signal) && !self.read_goal().await {
             return Ok(());
         }
         let (Some(node), Some(machine)) = (&self.node, &self.machine) else {
@@ -456,20 +460,9 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
         Ok(())
     }
 
-    /// The deletion signal (the Node tainted, the Machine gone) resets the node, so both halves
-    /// are read again before they count: the watches report each object on its own, and after
-    /// the API server lost its data (etcd wiped or restored) the Machine's re-list can arrive
-    /// while the Node's watch still holds the tainted Node it saw before. What the reads find
-    /// replaces what the watches said; a failed read leaves the decision to the next tick.
-    /// Anything but the signal as watched passes unread; only a node at rest acts on it.
-    async fn deletion_signal_confirmed(&mut self) -> bool {
-        let watched = matches!(
-            (&self.node, &self.machine),
-            (Some(Some(n)), Some(None)) if has_deletion_taint(n)
-        );
-        if !watched {
-            return true;
-        }
+    /// The Node and the Machine read again; what the reads find replaces what the watches
+    /// said. False (and logged) when a read failed: the decision waits for the next tick.
+    async fn read_goal(&mut self) -> bool {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let machines: Api<Machine> = Api::all(self.client.clone());
         match (
@@ -479,10 +472,16 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
             (Ok(node), Ok(machine)) => {
                 self.node = Some(node.map(Box::new));
                 self.machine = Some(machine.map(Box::new));
+                self.unconfirmed = false;
                 true
             }
+            (Err(e), _) | (_, Err(e)) if !self.unconfirmed => {
+                self.unconfirmed = true;
+                tracing::warn!(node = %self.node_name, error = %e, "the Node and the Machine not confirmed by a read; waiting");
+                false
+            }
             (Err(e), _) | (_, Err(e)) => {
-                tracing::warn!(node = %self.node_name, error = %e, "the deletion signal not confirmed by a read; waiting");
+                tracing::debug!(node = %self.node_name, error = %e, "the Node and the Machine still not confirmed");
                 false
             }
         }
