@@ -484,17 +484,29 @@ async fn the_api_server_away_for_minutes_in_the_middle_of_three_operations() {
     );
 }
 
-/// The ClusterRole the agents get back first after the data loss: their operations and
-/// Machines, not yet Nodes (a restore applies what it applies in its own order).
-const RBAC_WITHOUT_NODES: &str = r#"{"apiVersion":"rbac.authorization.k8s.io/v1","kind":"ClusterRole",
- "metadata":{"name":"flexnode-agent"},
- "rules":[{"apiGroups":["unbounded-cloud.io"],"resources":["machineoperations","machines"],"verbs":["get","list","watch","delete","create"]},
-          {"apiGroups":["unbounded-cloud.io"],"resources":["machineoperations/status","machines/status"],"verbs":["get","update","patch"]},
-          {"apiGroups":["","events.k8s.io"],"resources":["events"],"verbs":["create","patch"]}]}"#;
-const RBAC_BINDING: &str = r#"{"apiVersion":"rbac.authorization.k8s.io/v1","kind":"ClusterRoleBinding",
- "metadata":{"name":"flexnode-agent"},
- "roleRef":{"apiGroup":"rbac.authorization.k8s.io","kind":"ClusterRole","name":"flexnode-agent"},
- "subjects":[{"apiGroup":"rbac.authorization.k8s.io","kind":"Group","name":"flexnode:agents"}]}"#;
+/// The agents' access after the data loss comes back in parts, in an order that shows each
+/// decision acting on one object the watches re-listed while the other is still the one seen
+/// before the loss (a restore applies what it applies in its own order): first every agent
+/// gets its operations; wiped-2 its Machine (the deletion signal's second half), wiped-3 its
+/// Node (a repave's permission). Then `manifests/rbac/` as a whole.
+const RBAC_FIRST: &str = r#"{"apiVersion":"v1","kind":"List","items":[
+ {"apiVersion":"rbac.authorization.k8s.io/v1","kind":"ClusterRole","metadata":{"name":"flexnode-agent"},
+  "rules":[{"apiGroups":["unbounded-cloud.io"],"resources":["machineoperations"],"verbs":["get","list","watch","delete"]},
+           {"apiGroups":["unbounded-cloud.io"],"resources":["machineoperations/status"],"verbs":["get","update","patch"]},
+           {"apiGroups":["","events.k8s.io"],"resources":["events"],"verbs":["create","patch"]}]},
+ {"apiVersion":"rbac.authorization.k8s.io/v1","kind":"ClusterRoleBinding","metadata":{"name":"flexnode-agent"},
+  "roleRef":{"apiGroup":"rbac.authorization.k8s.io","kind":"ClusterRole","name":"flexnode-agent"},
+  "subjects":[{"apiGroup":"rbac.authorization.k8s.io","kind":"Group","name":"flexnode:agents"}]},
+ {"apiVersion":"rbac.authorization.k8s.io/v1","kind":"ClusterRole","metadata":{"name":"away-machines"},
+  "rules":[{"apiGroups":["unbounded-cloud.io"],"resources":["machines"],"verbs":["get","list","watch"]}]},
+ {"apiVersion":"rbac.authorization.k8s.io/v1","kind":"ClusterRoleBinding","metadata":{"name":"away-machines"},
+  "roleRef":{"apiGroup":"rbac.authorization.k8s.io","kind":"ClusterRole","name":"away-machines"},
+  "subjects":[{"apiGroup":"rbac.authorization.k8s.io","kind":"User","name":"system:flexnode:wiped-2"}]},
+ {"apiVersion":"rbac.authorization.k8s.io/v1","kind":"ClusterRole","metadata":{"name":"away-nodes"},
+  "rules":[{"apiGroups":[""],"resources":["nodes"],"verbs":["get","list","watch"]}]},
+ {"apiVersion":"rbac.authorization.k8s.io/v1","kind":"ClusterRoleBinding","metadata":{"name":"away-nodes"},
+  "roleRef":{"apiGroup":"rbac.authorization.k8s.io","kind":"ClusterRole","name":"away-nodes"},
+  "subjects":[{"apiGroup":"rbac.authorization.k8s.io","kind":"User","name":"system:flexnode:wiped-3"}]}]}"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
@@ -510,6 +522,8 @@ async fn the_api_server_back_without_its_data() {
     let worker = Agent::join(&lab, "wiped-1", InstallMode::Host).await;
     create_node_and_machine(&admin, "wiped-2", &[]).await;
     let tainted = Agent::join(&lab, "wiped-2", InstallMode::Host).await;
+    create_node_and_machine(&admin, "wiped-3", &[]).await;
+    let pending = Agent::join(&lab, "wiped-3", InstallMode::Host).await;
 
     // Before: one reboot done, one in the middle of its work, one received while it runs.
     create(&ops, "w-done", spec("wiped-1", OperationKind::NodeReboot)).await;
@@ -548,6 +562,21 @@ async fn the_api_server_back_without_its_data() {
     })
     .await
     .expect("wiped-2's daemon saw the taint");
+    // A new goal for wiped-3 (generation 2): it waits for its Node to go, the repave's
+    // permission.
+    let goal = serde_json::json!({"spec": {"kubernetes": {"version": "v1.34.3"}}});
+    Api::<Machine>::all(admin.clone())
+        .patch("wiped-3", &PatchParams::default(), &Patch::Merge(&goal))
+        .await
+        .expect("a new goal");
+    logs::wait_line(since, Duration::from_secs(30), |l| {
+        l.contains("goal observed")
+            && l.contains("node=wiped-3")
+            && l.contains("node present, machine generation 2")
+            && l.contains("outcome=Ready")
+    })
+    .await
+    .expect("wiped-3's daemon saw the new goal and waits");
 
     // Away: the running reboot finishes, its result waits in the outbox.
     lab.stop_apiserver();
@@ -568,34 +597,41 @@ async fn the_api_server_back_without_its_data() {
     assert_eq!(held, ["w-running"], "the result waits in the outbox");
 
     // Back on an empty etcd: the CRDs applied again by the script, then the agents' access
-    // in two parts, Machines before Nodes.
+    // in two parts (RBAC_FIRST).
     let since = logs::mark();
     let back = lab.start_apiserver(true);
-    let partial = tempfile::tempdir().expect("a directory for the manifests");
-    for (file, manifest) in [
-        ("role.json", RBAC_WITHOUT_NODES),
-        ("binding.json", RBAC_BINDING),
-    ] {
-        let path = partial.path().join(file);
-        std::fs::write(&path, manifest).expect("write the manifest");
-        let (ok, out) = lab.kubectl(&["apply", "-f", &path.display().to_string()]);
-        assert!(ok, "{out}");
-    }
-    logs::wait_line(since, Duration::from_secs(120), |l| {
-        l.contains("watch resynced") && l.contains("node=wiped-2 ") && l.contains("watch=machine")
-    })
+    let first = tempfile::tempdir().expect("a directory for the manifest");
+    let path = first.path().join("rbac.json");
+    std::fs::write(&path, RBAC_FIRST).expect("write the manifest");
+    let (ok, out) = lab.kubectl(&["apply", "-f", &path.display().to_string()]);
+    assert!(ok, "{out}");
+    let resynced = |node: &str, watch: &str| {
+        let (node, watch) = (format!("node={node} "), format!("watch={watch} "));
+        move |l: &str| l.contains("watch resynced") && l.contains(&node) && l.contains(&watch)
+    };
+    // wiped-2: the Machine re-listed gone, the tainted Node still as seen before the loss.
+    logs::wait_line(
+        since,
+        Duration::from_secs(120),
+        resynced("wiped-2", "machine"),
+    )
     .await
     .expect("wiped-2's Machine watch resynced");
-    // The Machine is gone; its watch may have said so while the Node's still holds the
-    // tainted Node it saw before the loss. The deletion signal is read before it counts.
-    logs::wait_line(since, Duration::from_secs(30), |l| {
-        l.contains("node=wiped-2")
-            && (l.contains("the deletion signal not confirmed") || l.contains("machine missing"))
-    })
-    .await
-    .expect("wiped-2's daemon considered the Machine gone");
+    // wiped-3: the Node re-listed gone, the Machine still asking for generation 2.
+    logs::wait_line(since, Duration::from_secs(120), resynced("wiped-3", "node"))
+        .await
+        .expect("wiped-3's Node watch resynced");
+    // Each daemon read both before deciding; the one read it may not make leaves it waiting.
+    for node in ["wiped-2", "wiped-3"] {
+        let node = format!("node={node} ");
+        logs::wait_line(since, Duration::from_secs(30), |l| {
+            l.contains(&node) && l.contains("the Node and the Machine not confirmed by a read")
+        })
+        .await
+        .unwrap_or_else(|| panic!("{node}: no decision waited for a read"));
+    }
     apply_rbac(&lab);
-    for agent in [&worker, &tainted] {
+    for agent in [&worker, &tainted, &pending] {
         let counters = agent.counters();
         let settled = support::wait_for(Duration::from_secs(120), || async {
             (counters.resyncs.load(Ordering::Relaxed) >= 4 && counters.connected()).then_some(())
@@ -628,6 +664,20 @@ async fn the_api_server_back_without_its_data() {
     assert!(seen.contains("outcome=Ready"), "{seen}");
     assert!(tainted.host.world().runtime_files, "wiped-2 was wiped");
     assert_eq!(calls(&tainted.host, "wipe_runtime"), 0);
+    // Nor does wiped-3 repave to the goal that went with the data.
+    let seen = logs::wait_line(since, Duration::from_secs(60), |l| {
+        l.contains("goal observed")
+            && l.contains("node=wiped-3")
+            && l.contains("node absent, machine missing")
+    })
+    .await
+    .expect("wiped-3's daemon observed the loss");
+    assert!(seen.contains("outcome=Ready"), "{seen}");
+    assert_eq!(
+        calls(&pending.host, "provision_machine(kube2"),
+        0,
+        "wiped-3 repaved"
+    );
 
     // wiped-1: the outbox drops the result of the operation that is gone; the waiting one
     // is never claimed.
@@ -671,7 +721,7 @@ async fn the_api_server_back_without_its_data() {
         Some(1)
     );
     assert_eq!(calls(&worker.host, "restart(systemd-nspawn"), 3);
-    assert!(worker.running() && tainted.running());
+    assert!(worker.running() && tainted.running() && pending.running());
 }
 
 async fn wait_phase(
