@@ -804,17 +804,32 @@ fn reset_rows() -> Vec<Row> {
             ),
         },
         Row {
-            name: "AgentReset with the API server away retries, then uninstalls at the deadline",
+            name: "AgentReset with the API server away retries at each tick, then uninstalls at the deadline",
             from: host,
             steps: with(
                 publishing(),
                 vec![
-                    feed(failed("connection refused"), effects(&["AwaitPublished"])),
-                    at(
-                        121,
-                        failed("connection refused"),
-                        effects(&["UninstallAgent"]),
-                    ),
+                    // A failed attempt waits for the next tick: attempts at once would all
+                    // meet the same outage.
+                    feed(failed("connection refused"), unchanged()),
+                    at(2, Input::Tick, effects(&["AwaitPublished"])),
+                    at(2, failed("connection refused"), unchanged()),
+                    at(300, Input::Tick, effects(&["AwaitPublished"])),
+                    at(300, failed("connection refused"), unchanged()),
+                    at(601, Input::Tick, effects(&["UninstallAgent"])),
+                    done(state("Unjoined")),
+                ],
+            ),
+        },
+        Row {
+            name: "AgentReset publishes at the tick after the API server's return, then uninstalls",
+            from: host,
+            steps: with(
+                publishing(),
+                vec![
+                    feed(failed("connection refused"), unchanged()),
+                    at(300, Input::Tick, effects(&["AwaitPublished"])),
+                    done(effects(&["UninstallAgent"])),
                     done(state("Unjoined")),
                 ],
             ),

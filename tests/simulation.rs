@@ -372,6 +372,12 @@ async fn reset_result_waits_in_the_store_when_the_api_is_down() {
     node.claim("x1", ClaimKind::AgentReset)
         .await
         .expect("claim");
+    // It keeps trying at each tick until its deadline, then uninstalls anyway.
+    node.clock.advance_secs(2);
+    node.feed(Input::Tick).await.expect("a retry");
+    assert!(matches!(state(&mut node), NodeState::Resetting { .. }));
+    node.clock.advance_secs(600);
+    node.feed(Input::Tick).await.expect("the deadline");
     assert!(matches!(state(&mut node), NodeState::Unjoined { .. }));
     assert!(results_for(&node, "x1").is_empty());
     let waiting = node

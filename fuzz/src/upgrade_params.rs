@@ -186,6 +186,7 @@ fn run_claim(
                     Input::EffectsDone,
                     Input::DaemonStarted {
                         running: candidate(&first.next),
+                        selected: Some(candidate(&first.next)),
                     },
                     Input::EffectsDone,
                     Input::EffectsDone,

@@ -390,17 +390,24 @@ impl Publisher for KubePublisher {
                 Write::Put(s)
             })
             .await?;
-        // A vanished, replaced or already finished object is a silent success.
-        if let Some(obj) = written {
-            let type_ = match result.reason {
-                ResultReason::Succeeded => EventType::Normal,
-                ResultReason::InvalidParameters
-                | ResultReason::ExecutionFailed
-                | ResultReason::DaemonFailed => EventType::Warning,
-            };
-            self.event(&obj, type_, result.reason.as_str(), &result.message)
-                .await;
-        }
+        // A vanished, replaced or already finished object takes no result: that is done too
+        // (the outbox stops trying; the result stays in the store and its journal).
+        let Some(obj) = written else {
+            tracing::info!(
+                operation = %op,
+                reason = result.reason.as_str(),
+                "the operation is gone, replaced or already finished; its result stays in the store only"
+            );
+            return Ok(());
+        };
+        let type_ = match result.reason {
+            ResultReason::Succeeded => EventType::Normal,
+            ResultReason::InvalidParameters
+            | ResultReason::ExecutionFailed
+            | ResultReason::DaemonFailed => EventType::Warning,
+        };
+        self.event(&obj, type_, result.reason.as_str(), &result.message)
+            .await;
         Ok(())
     }
 

@@ -11,10 +11,10 @@ pub struct Policy {
     pub rollback_secs: i64,
     pub repave_secs: i64,
     pub reset_secs: i64,
-    /// How long an AgentReset waits for its result to reach the API server.
+    /// How long an AgentReset keeps trying (at each tick) to get its result to the API server
+    /// before it uninstalls anyway: longer than an API server's restart or a few minutes'
+    /// outage (docs/reliability.md, "The API server away").
     pub publish_secs: i64,
-    /// How many times an AgentReset tries to publish its result before uninstalling anyway.
-    pub publish_attempts: u32,
     /// Delay of the transient restart timer that ends the old daemon: long enough for its
     /// last commit (the restart's outcome, under a millisecond natively); a restart that
     /// comes sooner is found by the new daemon's probe (src/exec/apply.rs), not repeated.
@@ -32,8 +32,7 @@ impl Default for Policy {
             rollback_secs: 300,
             repave_secs: 1800,
             reset_secs: 600,
-            publish_secs: 120,
-            publish_attempts: 5,
+            publish_secs: 600,
             restart_delay_ms: 100,
         }
     }

@@ -81,6 +81,10 @@ struct Owner<S, C, H> {
     health: Health,
     /// What systemd's STATUS says now.
     status: String,
+    /// The watches' account of themselves: claims wait while one is interrupted.
+    counters: Arc<WatchCounters>,
+    /// A read that a decision waits for failed (said once, until a read succeeds).
+    unconfirmed: bool,
 }
 
 /// Runs the daemon with `runner` until `shutdown` completes (or the task is dropped).
@@ -107,6 +111,8 @@ where
         last_observed: None,
         health: Health::new(config.etc.clone()),
         status: String::new(),
+        counters: config.counters.clone(),
+        unconfirmed: false,
     };
     // A step of long effects (a repave: unpack, start, the wait for the kubelet) keeps the
     // watchdog fed while it makes progress; a wedged loop still gets the agent restarted.
@@ -161,12 +167,13 @@ where
         .iter()
         .map(|(watch, fields)| {
             let api = Api::all(client.clone());
-            watch::operations(api, watch, fields, tx.clone(), counters.clone())
+            watch::operations(api, name, watch, fields, tx.clone(), counters.clone())
         })
         .collect();
     tasks.push(watch::single(
         Api::<Node>::all(client.clone()),
         name,
+        "node",
         tx.clone(),
         |n| Msg::Node(n.map(Box::new)),
         counters.clone(),
@@ -174,6 +181,7 @@ where
     tasks.push(watch::single(
         Api::<Machine>::all(client.clone()),
         name,
+        "machine",
         tx,
         |m| Msg::Machine(m.map(Box::new)),
         counters.clone(),
@@ -181,6 +189,9 @@ where
     counters
         .watches
         .store(tasks.len() as u64, Ordering::Relaxed);
+    // Counters shared with an earlier run of the daemon (tests restart it in one process):
+    // its watches are gone, and so is whatever they left interrupted.
+    counters.away.store(0, Ordering::Relaxed);
     let _abort = AbortOnDrop(tasks.iter().map(|t| t.abort_handle()).collect());
     let mut next_tick = Instant::now() + config.tick;
     loop {
@@ -411,8 +422,12 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
     /// Not before the Machine's watch has reported once (an absent Machine counts): every
     /// claim carries its generation (`observedMachineGeneration`), which a claim made earlier
     /// would report as none.
+    ///
+    /// While a watch is interrupted (the API server away) nothing is claimed: a claim's first
+    /// effect writes `InProgress`, and an outage would fail the operation instead of leaving
+    /// it for later.
     async fn claim_waiting(&mut self) -> Result<(), DaemonError> {
-        if self.machine.is_none() {
+        if self.machine.is_none() || !self.counters.connected() {
             return Ok(());
         }
         let labels = self.labels();
@@ -526,20 +541,25 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
         if !self.check_health().await {
             return Ok(());
         }
-        // An absence permits a repave when the goal changed, so it is read again before it
-        // counts: a step that started a machine (a repave, its rollback) had its kubelet
-        // register the Node while the Node's watch event still waited in the queue. Only
-        // then: a node without a kubelet has no Node for good, and every tick would ask.
-        if self.goal_changed(&self.runner.state()?) && matches!(self.node, Some(None)) {
-            let api: Api<Node> = Api::all(self.client.clone());
-            match api.get_opt(&self.node_name).await {
-                Ok(Some(n)) => self.node = Some(Some(Box::new(n))),
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, "the Node's absence not confirmed; waiting");
-                    return Ok(());
-                }
-            }
+        // The two decisions that change the node on their own act on two objects the
+        // watches report each on its own, so both are read again before either counts:
+        // - a repave (the goal changed, the Node absent): a step that started a machine (a
+        //   repave, its rollback) had its kubelet register the Node while the Node's watch
+        //   event still waited in the queue; after the API server lost its data (etcd wiped
+        //   or restored) the Node's re-list can arrive while the Machine's watch still holds
+        //   a goal that no longer exists;
+        // - the deletion signal (the Node tainted, the Machine gone), on a node at rest: the
+        //   Machine's re-list can pair with the tainted Node the Node's watch still holds.
+        // Only then: a node without a kubelet has no Node for good, and every tick would ask.
+        let state = self.runner.state()?;
+        let repave = self.goal_changed(&state) && matches!(self.node, Some(None));
+        let signal = matches!(state, NodeState::Ready { .. })
+            && matches!(
+                (&self.node, &self.machine),
+                (Some(Some(n)), Some(None)) if has_deletion_taint(n)
+            );
+        if (repave || signal) && !self.read_goal().await {
+            return Ok(());
         }
         let (Some(node), Some(machine)) = (&self.node, &self.machine) else {
             return Ok(());
@@ -577,6 +597,33 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
             self.last_observed = Some(observed);
         }
         Ok(())
+    }
+
+    /// The Node and the Machine read again; what the reads find replaces what the watches
+    /// said. False (and logged) when a read failed: the decision waits for the next tick.
+    async fn read_goal(&mut self) -> bool {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let machines: Api<Machine> = Api::all(self.client.clone());
+        match (
+            nodes.get_opt(&self.node_name).await,
+            machines.get_opt(&self.node_name).await,
+        ) {
+            (Ok(node), Ok(machine)) => {
+                self.node = Some(node.map(Box::new));
+                self.machine = Some(machine.map(Box::new));
+                self.unconfirmed = false;
+                true
+            }
+            (Err(e), _) | (_, Err(e)) if !self.unconfirmed => {
+                self.unconfirmed = true;
+                tracing::warn!(node = %self.node_name, error = %e, "the Node and the Machine not confirmed by a read; waiting");
+                false
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::debug!(node = %self.node_name, error = %e, "the Node and the Machine still not confirmed");
+                false
+            }
+        }
     }
 
     /// Deletes finished operations whose `ttlSecondsAfterFinished` has passed.

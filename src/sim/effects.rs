@@ -543,6 +543,7 @@ impl Host for SimHost {
     }
 
     async fn wipe_runtime(&self) -> EffectResult {
+        self.pause("wipe_runtime").await;
         self.run("wipe_runtime", "", |w| {
             w.runtime_files = false;
             Ok(())

@@ -74,6 +74,16 @@ impl Agent {
         agent
     }
 
+    /// The daemon's watches' account of themselves (lists, interruptions, resyncs).
+    pub fn counters(&self) -> std::sync::Arc<flexnode::reconcile::WatchCounters> {
+        self.config.counters.clone()
+    }
+
+    /// The daemon task is still running.
+    pub fn running(&self) -> bool {
+        self.task.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
     /// systemd starts the agent unit: the selected build runs the daemon.
     pub fn start(&mut self) {
         let (running, _) = self.host.selected_build().expect("an agent is selected");

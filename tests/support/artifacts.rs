@@ -40,11 +40,31 @@ pub struct Served {
 
 impl Served {
     pub fn dir(dir: &Path) -> Self {
+        Self::with(dir, &[])
+    }
+
+    /// The same, `/slow/<file>` sending `chunk` bytes every `interval_s` seconds, and every
+    /// request logged to `log` (the path only: `time GET /slow/<file> start <size>`, then the
+    /// status line when it ends).
+    pub fn throttled(dir: &Path, chunk: u64, interval_s: f64, log: &Path) -> Self {
+        let args = [
+            "--slow-chunk".to_string(),
+            chunk.to_string(),
+            "--slow-interval".to_string(),
+            interval_s.to_string(),
+            "--log".to_string(),
+            log.display().to_string(),
+        ];
+        Self::with(dir, &args)
+    }
+
+    fn with(dir: &Path, args: &[String]) -> Self {
         let state = tempfile::tempdir().expect("a directory for the port file");
         let port_file = state.path().join("port");
         let child = Command::new(tool("serve"))
             .arg("--dir")
             .arg(dir)
+            .args(args)
             .arg("--port-file")
             .arg(&port_file)
             .stdout(Stdio::null())

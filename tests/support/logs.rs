@@ -54,3 +54,20 @@ pub async fn wait_line(
     })
     .await
 }
+
+/// Every line after `since` for which `pred` holds, as they are now.
+pub fn lines(since: usize, pred: impl Fn(&str) -> bool) -> Vec<String> {
+    LINES.lock().unwrap_or_else(|p| p.into_inner())[since..]
+        .iter()
+        .filter(|l| pred(l))
+        .cloned()
+        .collect()
+}
+
+/// When the daemon logged `line` (the subscriber's own timestamp, its first word).
+pub fn time_of(line: &str) -> k8s_openapi::jiff::Timestamp {
+    line.split_whitespace()
+        .next()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no timestamp in {line:?}"))
+}

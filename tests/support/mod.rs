@@ -1,10 +1,12 @@
 //! Shared by the tests that need a real control plane.
 #![allow(dead_code)]
 
+pub mod account;
 pub mod agent;
 pub mod artifacts;
 pub mod bench;
 pub mod containerd;
+pub mod history;
 pub mod hostnode;
 pub mod image;
 pub mod logs;
@@ -71,6 +73,44 @@ impl Lab {
             dir,
             _parent: parent,
         }
+    }
+
+    /// The API server and etcd stop (`e2e/controlplane/run stop`): etcd's data is kept.
+    pub fn stop_apiserver(&self) {
+        self.script(&["stop"]);
+    }
+
+    /// They start again on the same ports (`start`); `wipe`: on an empty etcd, the CRDs
+    /// applied again as `up` applies them (the agents' RBAC is the test's to apply again).
+    /// Returns once the API server is ready, with the moment its `/readyz` first answered.
+    pub fn start_apiserver(&self, wipe: bool) -> std::time::SystemTime {
+        let out = self.script(if wipe {
+            &["start", "--wipe"]
+        } else {
+            &["start"]
+        });
+        let ms: u64 = out
+            .lines()
+            .find_map(|l| l.strip_prefix("ready_ms="))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no ready_ms= in the output of start: {out}"));
+        std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms)
+    }
+
+    fn script(&self, args: &[&str]) -> String {
+        let out = Command::new(script())
+            .args(args)
+            .arg("--dir")
+            .arg(&self.dir)
+            .output()
+            .expect("run e2e/controlplane/run");
+        assert!(
+            out.status.success(),
+            "e2e/controlplane/run {args:?} failed:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     /// The admin kubeconfig.

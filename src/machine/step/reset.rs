@@ -106,8 +106,8 @@ pub(super) fn effects_done(
     }
 }
 
-/// An effect failed, or a tick found the wait for publication past its deadline: fail the
-/// wipe, keep trying to publish (bounded), or go on uninstalling.
+/// An effect failed, or a tick came: fail the wipe, keep trying to publish (at each tick,
+/// until the deadline), or go on uninstalling.
 pub(super) fn failed_or_due(
     state: &NodeState,
     r: Resetting<'_>,
@@ -115,6 +115,22 @@ pub(super) fn failed_or_due(
     policy: &Policy,
     now: Timestamp,
 ) -> Step {
+    // The result not published yet: a failed attempt waits for the next tick, and each tick
+    // tries again until the deadline (the API server may be away for minutes; attempts made
+    // at once would all meet the same outage). Then the node uninstalls anyway: the result
+    // stays in the store and is re-published by a later daemon.
+    if let (ResetPhase::Publishing, Some(run)) = (r.phase, r.run)
+        && now < r.deadline
+    {
+        return if matches!(input, Input::Tick) {
+            Step::to(
+                state.clone(),
+                vec![Effect::AwaitPublished { op: run.op.clone() }],
+            )
+        } else {
+            Step::stay(state)
+        };
+    }
     let message = match input {
         Input::EffectsFailed { message } => Some(message.as_str()),
         // Only the wait for publication is bounded by the deadline: the wipe and the uninstall
@@ -147,25 +163,6 @@ pub(super) fn failed_or_due(
                 None,
             )],
         ),
-        // Keep trying to publish (bounded), then go anyway: the result stays in the store and
-        // is re-published by a later daemon.
-        (ResetPhase::Publishing, Some(run))
-            if now < r.deadline && run.attempt < policy.publish_attempts =>
-        {
-            Step::to(
-                NodeState::Resetting {
-                    node: node.clone(),
-                    run: Some(OpRun {
-                        attempt: run.attempt + 1,
-                        ..run.clone()
-                    }),
-                    cause: r.cause,
-                    phase: ResetPhase::Publishing,
-                    deadline: r.deadline,
-                },
-                vec![Effect::AwaitPublished { op: run.op.clone() }],
-            )
-        }
         (ResetPhase::Publishing, _) => uninstall(node, r.cause, policy, now),
         (ResetPhase::Uninstalling, _) => Step::to(
             NodeState::Unjoined {
