@@ -56,6 +56,10 @@ async fn on_host(state: &Path, args: &DaemonArgs) -> anyhow::Result<()> {
             exe.display()
         ),
     })?;
+    // Best effort: a daemon that cannot write it still runs the node.
+    if let Err(e) = crate::units::write_doc(&wiring::on_host(crate::units::DOC_DIR)) {
+        tracing::warn!(error = %e, "the units' documentation could not be written");
+    }
     let fx = wiring::host_effects(&config).await?;
     let runner = wiring::daemon_runner(
         state,
