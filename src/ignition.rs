@@ -80,11 +80,19 @@ pub fn provisioning(config: &Config, inputs: Inputs) -> Result<Provisioning, Ign
         _ => return Err(IgnitionError::NotContainer),
     };
     let at = |name: &str| format!("{BOOTSTRAP_DIR}/{name}");
-    let mut files = vec![File {
-        path: INSTALL_ENV.into(),
-        mode: PRIVATE_FILE,
-        contents: install_env(image),
-    }];
+    let mut files = vec![
+        File {
+            path: INSTALL_ENV.into(),
+            mode: PRIVATE_FILE,
+            contents: install_env(image),
+        },
+        // What the bootstrap unit's `Documentation=` names, before any join wrote it.
+        File {
+            path: units::DOC_PATH.into(),
+            mode: 0o644,
+            contents: units::DOC.into(),
+        },
+    ];
     let mut directories = vec![
         ("/etc/flexnode".into(), PRIVATE_DIR),
         (BOOTSTRAP_DIR.into(), PRIVATE_DIR),

@@ -374,6 +374,13 @@ async fn container_install_selects_images() {
     let d1 = sha(b"one");
     let d2 = sha(b"two");
     let image = |d: &Sha256Hex| AgentBuild::Image { digest: d.clone() };
+    // The runtime directory holds the credential: private, also when it was not.
+    std::fs::create_dir_all(fx.layout.runtime_dir()).expect("runtime dir");
+    std::fs::set_permissions(
+        fx.layout.runtime_dir(),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .expect("chmod");
     assert_eq!(
         fx.host.selected_agent(InstallMode::Container).await,
         Ok(None)
@@ -393,6 +400,7 @@ async fn container_install_selects_images() {
         fx.host.selected_agent(InstallMode::Container).await,
         Ok(Some(image(&d1)))
     );
+    assert_eq!(mode(&fx.layout.runtime_dir()), 0o700);
     fx.host
         .select_agent(InstallMode::Container, &image(&d2), &image(&d1))
         .await
@@ -416,6 +424,30 @@ async fn container_install_selects_images() {
             .select_agent(InstallMode::Host, &image(&d1), &image(&d1))
             .await,
     );
+}
+
+/// A layout directory another user owns could have its contents replaced under the agent (a
+/// build root runs): it is refused, not used, and left as it is.
+#[tokio::test]
+async fn layout_directories_of_another_user_are_refused() {
+    let fx = fixture();
+    let l = &fx.layout;
+    std::fs::create_dir_all(l.agent_dir()).expect("agent dir");
+    std::os::unix::fs::chown(l.agent_dir(), Some(1000), Some(1000)).expect("chown");
+    let m = failed(fx.host.install_agent(InstallMode::Host, &BLUE).await);
+    assert!(m.contains("owned by uid 1000"), "{m}");
+    assert!(!l.slot_binary(Slot::Blue).exists());
+    assert_eq!(
+        std::fs::metadata(l.agent_dir()).expect("meta").uid(),
+        1000,
+        "left as it was"
+    );
+
+    std::fs::create_dir_all(l.machines_dir()).expect("machines dir");
+    std::os::unix::fs::chown(l.machines_dir(), Some(1000), None).expect("chown");
+    let m = failed(fx.host.provision_machine(Side::Kube1, "1.33.2").await);
+    assert!(m.contains("owned by uid 1000"), "{m}");
+    assert!(!l.machine_dir(Side::Kube1).exists());
 }
 
 // ---- staging ------------------------------------------------------------------------------
@@ -969,6 +1001,8 @@ async fn provision_and_remove_machines() {
     }
     assert_eq!(mode(&m.join("tmp")), 0o1777);
     assert_eq!(mode(&m.join("root")), 0o700);
+    // The trees hold set-id programs: no other user reaches into them.
+    assert_eq!(mode(&l.machines_dir()), 0o700);
     assert_eq!(
         std::fs::read_to_string(m.join("etc/os-release")).expect("os-release"),
         "ID=test\nNAME=\"Test OS\"\n"

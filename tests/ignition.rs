@@ -156,8 +156,13 @@ fn the_rendered_first_boot_is_valid_ignition_and_carries_the_inputs() {
             .2
     };
     let hosts_dir = "/etc/containerd/certs.d/127.0.0.1:5000";
-    for (path, mode, _) in &files {
-        assert_eq!(*mode, 0o600, "{path}");
+    for (path, mode, contents) in &files {
+        // Private, but for the units' documentation, which every unit's `Documentation=` names.
+        if path == flexnode::units::DOC_PATH {
+            assert_eq!((*mode, contents.as_str()), (0o644, flexnode::units::DOC));
+        } else {
+            assert_eq!(*mode, 0o600, "{path}");
+        }
         for banned in ["/usr/", "/opt/"] {
             assert!(!path.starts_with(banned), "{path} is under {banned}");
         }

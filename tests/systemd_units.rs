@@ -8,6 +8,10 @@
 //! to units that do not exist, so references to `flexnode-*` units are checked here: each must
 //! name a unit of the same mode.
 
+#[allow(dead_code)]
+#[path = "support/sandbox.rs"]
+mod sandbox;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -246,4 +250,61 @@ fn verify_reports_broken_units() {
         !text.contains("/opt/flexnode/bin/flexnode"),
         "agent binary not stubbed:\n{text}"
     );
+}
+
+/// `systemd-analyze security --offline` of the unit file at `path`: its overall exposure.
+fn exposure(analyze: &Path, path: &Path) -> f64 {
+    let out = Command::new(analyze)
+        .args(["security", "--offline=true", "--no-pager"])
+        .arg(path)
+        .env("SYSTEMD_LOG_COLOR", "0")
+        .output()
+        .expect("systemd-analyze security");
+    sandbox::overall(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// Every unit's sandbox (docs/reliability.md, "Security review"): no unit is more exposed than
+/// recorded, and every unit file has a recorded exposure. The booted check is
+/// `tests/host_security.rs` (the host units as systemd loaded them).
+#[test]
+fn no_unit_is_more_exposed_than_recorded() {
+    let analyze = systemd_analyze();
+    let units = Path::new(env!("CARGO_MANIFEST_DIR")).join("units");
+    let mut seen = Vec::new();
+    for mode in ["host", "container"] {
+        for entry in std::fs::read_dir(units.join(mode)).expect("read units dir") {
+            let path = entry.expect("entry").path();
+            let unit = path
+                .file_name()
+                .expect("name")
+                .to_string_lossy()
+                .to_string();
+            let recorded = sandbox::recorded(mode, &unit);
+            let now = exposure(&analyze, &path);
+            eprintln!("units/{mode}/{unit}: exposure {now} (recorded {recorded})");
+            assert!(
+                now <= recorded,
+                "units/{mode}/{unit} is more exposed ({now}) than recorded ({recorded}): \
+                 see `systemd-analyze security --offline=true {}`",
+                path.display()
+            );
+            seen.push((mode.to_string(), unit));
+        }
+    }
+    assert_eq!(seen.len(), sandbox::EXPOSURE.len(), "{seen:?}");
+}
+
+/// The measurement has teeth: a unit without a sandbox is far above every recorded exposure.
+#[test]
+fn an_unsandboxed_unit_is_measured_as_exposed() {
+    let analyze = systemd_analyze();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("bare.service");
+    std::fs::write(&path, "[Service]\nExecStart=/bin/true\n").expect("write");
+    let bare = exposure(&analyze, &path);
+    let worst = sandbox::EXPOSURE
+        .iter()
+        .map(|(_, _, e)| *e)
+        .fold(0.0, f64::max);
+    assert!(bare > 9.0 && bare > worst, "bare unit: {bare}");
 }

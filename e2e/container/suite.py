@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from lab import (MSG_REBOOT_DONE, MSG_UPGRADE_DONE, Fail, Lab, SuiteBase, detail, need, op_view,  # noqa: E402
                  run_suite, show_guest, wait_until)
 from node_checks import NodeChecks, node_context  # noqa: E402
+from security_checks import SecurityChecks  # noqa: E402
 
 AGENT_IMAGE_NAME = "flexnode.invalid/agent"   # src/effects/host/layout.rs
 CTR = "ctr --namespace flexnode"
@@ -113,7 +114,12 @@ systemctl reset-failed flexnode-bootstrap 2>/dev/null || true
 systemctl start --no-block flexnode-bootstrap""", 300)
 
 
-class Suite(SuiteBase, NodeChecks):
+class Suite(SuiteBase, NodeChecks, SecurityChecks):
+    MODE = "container"
+
+    def planted_secrets(self):
+        return [("the URL query token", "c0ffee-secret"), ("the URL password", "hunter2-secret")]
+
     def wait_agent(self, timeout=600, pid_not=None):
         def up():
             f = self.lab.facts()
@@ -543,6 +549,7 @@ CHECKS = [
     # the version change: the lab joins at the previous minor
     ("repave-kube1-to-kube2", Suite.c_repave),
     ("repave-back-without-the-bootstrap-token", Suite.c_repave_back_without_the_token),
+    ("no-secret-in-processes-units-sandboxed", Suite.c_secrets_and_sandbox),
     ("deletion-signal-halves-change-nothing", Suite.c_deletion_signal_halves),
     ("one-terminal-result-per-operation", Suite.c_one_result_each),
 ]

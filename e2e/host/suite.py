@@ -29,16 +29,22 @@ from lab import (MSG_REBOOT_DONE, MSG_RESET_DONE, MSG_UPGRADE_DONE, SLOT_RE, TER
                  Lab, SuiteBase, detail, need, op_view, parse_time, run_suite, show_guest,
                  slot_path, wait_until)
 from node_checks import NodeChecks, node_context
+from security_checks import SecurityChecks
 
 
 # ----------------------------------------------------------------------------- the checks
 
-class Suite(SuiteBase, NodeChecks):
+class Suite(SuiteBase, NodeChecks, SecurityChecks):
+    MODE = "host"
+
     def __init__(self, lab):
         super().__init__(lab)
         self.secret_pw = "pw-" + secrets.token_hex(12)
         self.secret_q = "sig-" + secrets.token_hex(12)
         self.joined = False
+
+    def planted_secrets(self):
+        return [("the URL password", self.secret_pw), ("the URL query token", self.secret_q)]
 
     # -- helpers
     def url(self, name, slow=False):
@@ -550,6 +556,7 @@ CHECKS = [
     ("repave-broken-new-side-rolls-back", Suite.c_repave_rolls_back),
     ("repave-kube1-to-kube2", Suite.c_repave),
     ("repave-back-without-the-bootstrap-token", Suite.c_repave_back_without_the_token),
+    ("no-secret-in-processes-units-sandboxed", Suite.c_secrets_and_sandbox),
     # the reset it makes is the next check's starting point (whose `reset --yes` finds
     # nothing to do)
     ("deletion-signal-resets", Suite.c_deletion_signal),

@@ -72,6 +72,10 @@ async fn on_host(state: &Path, args: &DaemonArgs) -> Result<(), Failure> {
             exe.display()
         ),
     })?;
+    // Best effort: a daemon that cannot write it still runs the node.
+    if let Err(e) = crate::units::write_doc(&wiring::on_host(crate::units::DOC_DIR)) {
+        tracing::warn!(error = %e, "the units' documentation could not be written");
+    }
     let tick = Duration::from_millis(args.tick_ms.max(100));
     let fx = wiring::host_effects(&config).await?;
     let runner = match wiring::daemon_runner(

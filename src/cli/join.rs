@@ -11,8 +11,11 @@ use crate::config::{
     BOOTSTRAP_TOKEN_PATH, CONFIG_PATH, Config, ConfigError, KUBECONFIG_PATH,
     REGISTRY_CREDENTIALS_PATH, TRUSTED_CA_PATH,
 };
-use crate::effects::fs::{remove_no_follow, remove_tree, sync_existing_dir, write_file_atomic};
-use crate::effects::host::AGENT_IMAGE_VAR;
+use crate::effects::fs::{
+    create_parents, ensure_real_dir, remove_no_follow, remove_tree, sync_existing_dir,
+    write_file_atomic,
+};
+use crate::effects::host::{AGENT_IMAGE_VAR, RUNTIME_DIR_MODE};
 use crate::effects::{AGENT_UNIT, Containerd, Systemd};
 use crate::exec::{Fed, start_agent, write_units};
 use crate::ignition::BOOTSTRAP_DIR;
@@ -23,7 +26,6 @@ use crate::machine::state::Goal;
 use crate::machine::{Input, NodeState};
 use crate::reconcile::{client_from_kubeconfig, health};
 use kube::api::{Api, PostParams};
-use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -343,15 +345,15 @@ fn api_failure(e: kube::Error) -> Failure {
 }
 
 /// `/etc/flexnode/config.yaml` and the files it names (credential, CA, registry credentials,
-/// bootstrap token), 0600, written atomically.
+/// bootstrap token), 0600, written atomically, in a 0700 directory (one that exists is made
+/// so); and the units' documentation.
 fn install_files(config: &Config) -> anyhow::Result<()> {
     let dir = Path::new(CONFIG_PATH)
         .parent()
         .ok_or_else(|| anyhow::anyhow!("no config directory"))?;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o755)
-        .create(dir)?;
+    create_parents(dir)?;
+    ensure_real_dir(dir, RUNTIME_DIR_MODE)?;
+    crate::units::write_doc(dir)?;
     let copies = [
         (Some(&config.kubeconfig), KUBECONFIG_PATH),
         (config.trusted_ca_file.as_ref(), TRUSTED_CA_PATH),

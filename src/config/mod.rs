@@ -6,7 +6,7 @@ mod files;
 mod image;
 
 use crate::effects::host::kubelet::{valid_cidr, valid_reference};
-use crate::machine::agent::InstallMode;
+use crate::machine::agent::{InstallMode, Sha256Hex};
 use files::{
     check_bootstrap_token, check_kubeconfig, check_registry_credentials, check_trusted_ca,
     read_small,
@@ -25,8 +25,10 @@ pub const KUBECONFIG_PATH: &str = "/etc/flexnode/kubeconfig";
 pub const TRUSTED_CA_PATH: &str = "/etc/flexnode/trusted-ca.pem";
 pub const REGISTRY_CREDENTIALS_PATH: &str = "/etc/flexnode/registry-credentials.json";
 pub const BOOTSTRAP_TOKEN_PATH: &str = "/etc/flexnode/bootstrap-token";
-/// The pod sandbox image when the configuration names none (Kubernetes 1.34's).
-pub const DEFAULT_SANDBOX_IMAGE: &str = "registry.k8s.io/pause:3.10";
+/// The pod sandbox image when the configuration names none (Kubernetes 1.34's), pinned by
+/// its index digest like every image the node pulls.
+pub const DEFAULT_SANDBOX_IMAGE: &str = "registry.k8s.io/pause:3.10@sha256:\
+     ee6521f290b2168b6e0935a181d4cff9be1ac3f505666ef0e3c98fae8199917a";
 pub const DEFAULT_POD_CIDR: &str = "10.88.0.0/16";
 /// Config files are refused above this size (they are a few hundred bytes).
 const MAX_FILE: u64 = 1 << 20;
@@ -327,6 +329,16 @@ fn node_config(
     let sandbox_image = sandbox_image.unwrap_or_else(|| DEFAULT_SANDBOX_IMAGE.to_string());
     if !valid_reference(&sandbox_image) {
         return Err(bad("sandboxImage", "is not an image reference"));
+    }
+    let pinned = sandbox_image
+        .rsplit_once('@')
+        .is_some_and(|(_, d)| d.starts_with("sha256:") && Sha256Hex::parse(d).is_some());
+    if !pinned {
+        return Err(bad(
+            "sandboxImage",
+            "must be pinned by digest: REGISTRY/REPOSITORY[:TAG]@sha256:<64 hex> (a tag could \
+             change under the node)",
+        ));
     }
     let pod_cidr = pod_cidr.unwrap_or_else(|| DEFAULT_POD_CIDR.to_string());
     if !valid_cidr(&pod_cidr) {

@@ -334,6 +334,17 @@ fn node_images_come_with_the_kubelet_settings_and_cover_the_goal() {
         refused(&with_token("sandboxImage: \"pause\\\"x\"\n")),
         "sandboxImage"
     );
+    // Pinned by digest, as every image the node pulls; a tag alone could change under it.
+    for tagged in [
+        "r.example/pause:3.10",
+        "r.example/pause@sha256:1234",
+        "r.example/pause:sha256:ee6521f290b2168b6e0935a181d4cff9be1ac3f505666ef0e3c98fae8199917a",
+    ] {
+        let e = Config::parse(&with_token(&format!("sandboxImage: {tagged}\n")), "h")
+            .expect_err("refused");
+        assert_eq!(e.setting, "sandboxImage", "{tagged}");
+        assert!(e.message.contains("digest"), "{tagged}: {e}");
+    }
     assert_eq!(refused(&with_token("podCIDR: 10.88.0.0/40\n")), "podCIDR");
     // Kubelet settings without node images.
     for (extra, setting) in [
@@ -360,4 +371,48 @@ fn node_images_come_with_the_kubelet_settings_and_cover_the_goal() {
     let no_ca = kubeconfig(dir.path(), 0o600);
     let text = full.replace(&kc.display().to_string(), &no_ca.display().to_string());
     assert_eq!(refused(&text), "kubeconfig");
+}
+
+/// A kubeconfig that would not verify the API server is an impossible setting: TLS
+/// verification is never turned off silently, and the server (which may carry credentials in
+/// its URL) is not echoed.
+#[test]
+fn a_kubeconfig_that_skips_tls_verification_is_refused() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let good = std::fs::read_to_string(kubeconfig(dir.path(), 0o600)).expect("read");
+    for (name, text) in [
+        (
+            "insecure",
+            good.replace(
+                "    server: https://10.0.2.100:6443\n",
+                "    server: https://10.0.2.100:6443\n    insecure-skip-tls-verify: true\n",
+            ),
+        ),
+        (
+            "http",
+            good.replace(
+                "https://10.0.2.100:6443",
+                "http://u:SECRETPW@10.0.2.100:8080",
+            ),
+        ),
+    ] {
+        assert_ne!(text, good, "{name}");
+        let path = dir.path().join(name);
+        std::fs::write(&path, &text).expect("write");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        let e = Config::parse(
+            &format!(
+                "kubeconfig: {}\nkubernetesVersion: v1.34.1\n",
+                path.display()
+            ),
+            "h",
+        )
+        .expect_err(name);
+        assert_eq!(e.setting, "kubeconfig", "{name}: {e}");
+        assert!(!e.to_string().contains("SECRET"), "{name}: {e}");
+        assert!(
+            e.message.contains("insecure-skip-tls-verify") || e.message.contains("https://"),
+            "{name}: {e}"
+        );
+    }
 }

@@ -4,7 +4,7 @@
 
 use super::{EffectError, EffectResult};
 use std::io::{ErrorKind, Read, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// A file removed when dropped unless it was kept.
@@ -122,7 +122,9 @@ pub(crate) fn create_parents(path: &Path) -> EffectResult {
     }
 }
 
-/// `path` is a directory (not a symlink to one) with `mode`; created if missing.
+/// `path` is a directory (not a symlink to one) of this process's user with `mode`; created
+/// if missing. One that another user owns is refused: they could replace what the agent puts
+/// in it (a build root runs, a unit, a machine tree).
 pub(crate) fn ensure_real_dir(path: &Path, mode: u32) -> EffectResult {
     let meta = match std::fs::symlink_metadata(path) {
         Err(e) if e.kind() == ErrorKind::NotFound => {
@@ -140,6 +142,15 @@ pub(crate) fn ensure_real_dir(path: &Path, mode: u32) -> EffectResult {
         return Err(EffectError::Failed(format!(
             "{} is not a directory",
             path.display()
+        )));
+    }
+    let me = rustix::process::geteuid().as_raw();
+    if meta.uid() != me {
+        return Err(EffectError::Failed(format!(
+            "{} is owned by uid {}, not by uid {me} that runs flexnode: refusing to use it \
+             (chown it to uid {me}, or remove it)",
+            path.display(),
+            meta.uid()
         )));
     }
     if meta.permissions().mode() & 0o7777 != mode {

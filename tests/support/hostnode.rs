@@ -76,6 +76,18 @@ impl HostNode {
     /// Boots `container`, copies `bin` in as the joining build, and joins it as `node` with
     /// the node's own credential.
     pub fn join(lab: &Lab, container: &str, node: &str, bin: &Path) -> Self {
+        Self::join_with(lab, container, node, bin, &[])
+    }
+
+    /// The same, with more settings: each `(key, file name, contents)` a private file in the
+    /// container's `/root` that the join config names under `key`.
+    pub fn join_with(
+        lab: &Lab,
+        container: &str,
+        node: &str,
+        bin: &Path,
+        files: &[(&str, &str, &[u8])],
+    ) -> Self {
         let kubeconfig = lab.node_kubeconfig(node);
         let container = Container::up_host_network(container);
         let root = container.root().join("root");
@@ -83,14 +95,17 @@ impl HostNode {
         std::fs::copy(bin, &exe).expect("copy the joining build in");
         std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         std::fs::copy(&kubeconfig, root.join("node.kubeconfig")).expect("copy the credential");
-        std::fs::write(
-            root.join("join.yaml"),
-            format!(
-                "nodeName: {node}\nkubeconfig: /root/node.kubeconfig\n\
-                 kubernetesVersion: v1.34.2\ninstallMode: host\n"
-            ),
-        )
-        .expect("write join.yaml");
+        let mut config = format!(
+            "nodeName: {node}\nkubeconfig: /root/node.kubeconfig\n\
+             kubernetesVersion: v1.34.2\ninstallMode: host\n"
+        );
+        for (key, name, contents) in files {
+            let path = root.join(name);
+            std::fs::write(&path, contents).expect("write a file the config names");
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+            config.push_str(&format!("{key}: /root/{name}\n"));
+        }
+        std::fs::write(root.join("join.yaml"), config).expect("write join.yaml");
         let out = container.exec(&["/root/flexnode", "join", "--config", "/root/join.yaml"]);
         assert!(
             out.status.success(),

@@ -12,6 +12,7 @@ pub mod image;
 pub mod logs;
 pub mod nspawn;
 pub mod proc;
+pub mod sandbox;
 pub mod suite;
 pub mod tier;
 pub mod tmpfs;

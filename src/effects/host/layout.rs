@@ -17,6 +17,12 @@ pub const AGENT_IMAGE_VAR: &str = "FLEXNODE_AGENT_IMAGE";
 /// it came from), which the container units run. `.invalid` never resolves: nothing is ever
 /// pulled by this name.
 pub const AGENT_IMAGE_NAME: &str = "flexnode.invalid/agent";
+/// The runtime directory's mode (`/etc/flexnode`: the credential and the other secrets the
+/// configuration names), as Ignition creates it on the container install.
+pub const RUNTIME_DIR_MODE: u32 = 0o700;
+/// The machines' directory's mode (`/var/lib/machines`, as systemd creates it): the trees hold
+/// set-id programs, which no other user may reach.
+pub const MACHINES_DIR_MODE: u32 = 0o700;
 /// Target of `bin/flexnode`.
 pub const BIN_LINK_TARGET: &str = "../current/flexnode";
 /// Where the agent's files live, under a root prefix.

@@ -5,6 +5,7 @@
 
 use super::FsHost;
 use super::kubelet::{MachineFile, files_from};
+use super::layout::MACHINES_DIR_MODE;
 use super::root::resolve_in_root;
 use crate::effects::fs::{
     TempFile, create_parents, ensure_real_dir, io_failed, read_small, remove_no_follow,
@@ -136,7 +137,7 @@ impl FsHost {
         let l = &self.layout;
         let machines = l.machines_dir();
         create_parents(&machines)?;
-        ensure_real_dir(&machines, 0o700)?;
+        ensure_real_dir(&machines, MACHINES_DIR_MODE)?;
         let root = l.machine_dir(side);
         ensure_real_dir(&root, 0o755)?;
         Ok(root)
@@ -188,9 +189,7 @@ impl FsHost {
         let l = &self.layout;
         let machines = l.machines_dir();
         create_parents(&machines)?;
-        if std::fs::symlink_metadata(&machines).is_err() {
-            std::fs::create_dir(&machines).map_err(|e| io_failed("create", &machines, &e))?;
-        }
+        ensure_real_dir(&machines, MACHINES_DIR_MODE)?;
         sweep_trash(&machines, side)?;
         let root = l.machine_dir(side);
         // A different version being provisioned: the old marker goes first.

@@ -3,8 +3,8 @@
 
 use super::FsHost;
 use super::layout::{
-    AGENT_IMAGE_NAME, AGENT_IMAGE_VAR, BIN_LINK_TARGET, agent_image_ref, image_ref_digest,
-    read_slot_link, slot_link_target,
+    AGENT_IMAGE_NAME, AGENT_IMAGE_VAR, BIN_LINK_TARGET, RUNTIME_DIR_MODE, agent_image_ref,
+    image_ref_digest, read_slot_link, slot_link_target,
 };
 use crate::effects::archive::BINARY_NAME;
 use crate::effects::fs::{
@@ -98,7 +98,7 @@ impl FsHost {
     pub(super) fn write_image_selection(&self, path: &Path, digest: &Sha256Hex) -> EffectResult {
         let dir = self.layout.runtime_dir();
         create_parents(&dir)?;
-        ensure_real_dir(&dir, 0o755)?;
+        ensure_real_dir(&dir, RUNTIME_DIR_MODE)?;
         let contents = format!("{AGENT_IMAGE_VAR}={}\n", agent_image_ref(digest));
         write_file_atomic(path, contents.as_bytes(), 0o644)
     }
