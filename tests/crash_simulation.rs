@@ -10,8 +10,10 @@
 mod crash;
 
 use crash::action::{Action, Modifier, after_death, node_images, quiesce};
-use crash::crashes::{Clean, Outcome, clean, crashed, describe, judge, recovery_window};
-use crash::explore::{Explored, Transition, coverage, explore, scratch};
+use crash::crashes::{
+    Clean, Outcome, clean, crashed, describe, judge_any, recovery_window, restarts_agent,
+};
+use crash::explore::{Explored, Scenario, Snapshot, Transition, coverage, explore, scratch};
 use flexnode::sim::{PlannedCrash, SimNode, When};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -48,11 +50,30 @@ struct Tally {
     failures: Vec<String>,
 }
 
+/// A death of the daemon restarts the agent: where the scenario broke that restart, a run
+/// with a death may end as the run where it worked does (that end, then).
+async fn working_restart(snapshot: &Snapshot, scenario: &Scenario) -> Option<Outcome> {
+    match &scenario.modifier {
+        Modifier::Break(call) if restarts_agent(call) => {
+            let working = Scenario {
+                modifier: Modifier::None,
+                ..scenario.clone()
+            };
+            Some(clean(snapshot, &working).await.outcome)
+        }
+        Modifier::None | Modifier::Break(_) | Modifier::Kill(_) => None,
+    }
+}
+
 /// Every death of one scenario, and a second one during each recovery.
 async fn crash_scenario(explored: &Explored, k: usize, tally: &Mutex<Tally>) {
     let scenario = &explored.scenarios[k];
     let snapshot = &explored.snapshots[scenario.from];
     let clean: Clean = clean(snapshot, scenario).await;
+    let working = working_restart(snapshot, scenario).await;
+    let ends: Vec<&Outcome> = std::iter::once(&clean.outcome)
+        .chain(working.as_ref())
+        .collect();
     let name = describe(snapshot, scenario);
     let started = Instant::now();
     let (mut first, mut second) = (0, 0);
@@ -61,16 +82,18 @@ async fn crash_scenario(explored: &Explored, k: usize, tally: &Mutex<Tally>) {
             let what = format!("{name}: death {when:?} event {i} {}", event.what);
             let (outcome, events, deaths) =
                 crashed(snapshot, scenario, &[death(i, when)], &what).await;
-            let verdict = judge(&clean.outcome, &outcome, deaths);
+            let verdict = judge_any(&ends, &outcome, deaths);
             first += 1;
-            let mut t = tally.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(transition) = under_way {
-                *t.points.entry(transition.clone()).or_default() += 1;
+            {
+                let mut t = tally.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(transition) = under_way {
+                    *t.points.entry(transition.clone()).or_default() += 1;
+                }
+                if let Err(e) = verdict {
+                    eprintln!("FAILED {what}: {e}");
+                    t.failures.push(format!("{what}: {e}"));
+                }
             }
-            if let Err(e) = verdict {
-                t.failures.push(format!("{what}: {e}"));
-            }
-            drop(t);
             // A death after an event leaves what a death before the next one leaves (nothing
             // the process does between events outlives it): second deaths follow the distinct
             // first ones, and strike before each event of the recovery.
@@ -85,7 +108,8 @@ async fn crash_scenario(explored: &Explored, k: usize, tally: &Mutex<Tally>) {
                 let plan = [death(i, when), death(j, When::Before)];
                 let (outcome, _, deaths) = crashed(snapshot, scenario, &plan, &what).await;
                 second += 1;
-                if let Err(e) = judge(&clean.outcome, &outcome, deaths) {
+                if let Err(e) = judge_any(&ends, &outcome, deaths) {
+                    eprintln!("FAILED {what}: {e}");
                     let mut t = tally.lock().unwrap_or_else(|p| p.into_inner());
                     t.failures.push(format!("{what}: {e}"));
                 }
@@ -136,9 +160,14 @@ fn child(spec: &str) -> ! {
                 std::thread::park();
             }
         }));
+        let before = node.host.world().events.len();
         node.host.world().crash_plan.push(run.death);
         let outcome = crash::action::run(&mut node, run.action, &run.modifier, run.depth).await;
-        println!("the planned death never came: {outcome:?}");
+        let after = node.host.world().events.len();
+        eprintln!(
+            "the planned death (at event {}) never came: {outcome:?}; events {before}..{after}",
+            run.death.at
+        );
     });
     std::process::exit(3)
 }
@@ -152,7 +181,7 @@ async fn real_death(
     k: usize,
     i: usize,
     when: When,
-    clean: &Outcome,
+    ends: &[&Outcome],
 ) -> Result<(), String> {
     let scenario = &explored.scenarios[k];
     let snapshot = &explored.snapshots[scenario.from];
@@ -185,7 +214,9 @@ async fn real_death(
         ])
         .env(CHILD, spec)
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::process::Stdio::from(
+            std::fs::File::create(dir.path().join("child.log")).map_err(|e| e.to_string())?,
+        ))
         .spawn()
         .map_err(|e| e.to_string())?;
     let stdout = child.stdout.take().ok_or("no stdout")?;
@@ -195,7 +226,8 @@ async fn real_death(
             .lines()
             .map_while(Result::ok)
         {
-            if line == STOPPED {
+            // libtest's own "test … ... " precedes it on the line.
+            if line.ends_with(STOPPED) {
                 let _ = tx.send(());
                 return;
             }
@@ -204,7 +236,11 @@ async fn real_death(
     let stopped = rx.recv_timeout(Duration::from_secs(120));
     child.kill().map_err(|e| e.to_string())?;
     let status = child.wait().map_err(|e| e.to_string())?;
-    stopped.map_err(|_| "the child never reached the planned death".to_string())?;
+    stopped.map_err(|_| {
+        let log = std::fs::read_to_string(dir.path().join("child.log")).unwrap_or_default();
+        let tail: String = log.lines().rev().take(15).collect::<Vec<_>>().join("\n");
+        format!("the child never reached the planned death ({status}): {tail}")
+    })?;
     if std::os::unix::process::ExitStatusExt::signal(&status) != Some(9) {
         return Err(format!("the child was not killed by SIGKILL: {status}"));
     }
@@ -214,7 +250,7 @@ async fn real_death(
         .await
         .map_err(|e| e.to_string())?;
     quiesce(&mut node).await.map_err(|e| e.to_string())?;
-    judge(clean, &Outcome::of(&node, calls), 1)
+    judge_any(ends, &Outcome::of(&node, calls), 1)
 }
 
 /// Real deaths at a sample of the points: in every other scenario, before its first commit
@@ -225,6 +261,10 @@ async fn real_deaths(explored: &Explored) -> (usize, Vec<String>) {
         let scenario = &explored.scenarios[k];
         let snapshot = &explored.snapshots[scenario.from];
         let clean = clean(snapshot, scenario).await;
+        let working = working_restart(snapshot, scenario).await;
+        let ends: Vec<&Outcome> = std::iter::once(&clean.outcome)
+            .chain(working.as_ref())
+            .collect();
         let name = describe(snapshot, scenario);
         let commit = clean.events.iter().position(|(e, _)| e.is_commit());
         let middle = clean.events.len() / 2;
@@ -234,7 +274,7 @@ async fn real_deaths(explored: &Explored) -> (usize, Vec<String>) {
             .chain((!clean.events.is_empty()).then_some((middle, When::After)));
         for (i, when) in points {
             done += 1;
-            if let Err(e) = real_death(explored, k, i, when, &clean.outcome).await {
+            if let Err(e) = real_death(explored, k, i, when, &ends).await {
                 let event = &clean.events[i].0.what;
                 failures.push(format!("{name}: SIGKILL {when:?} event {i} {event}: {e}"));
             }

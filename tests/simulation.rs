@@ -1,7 +1,6 @@
-//! The real core, store and executor against the simulated host, including a crash at every
-//! effect boundary.
+//! The real core, store and executor against the simulated host (the crashes at every effect
+//! boundary of every transition: `tests/crash_simulation.rs`).
 
-use flexnode::exec::Fed;
 use flexnode::machine::agent::{AgentBuild, InstallMode, Slot};
 use flexnode::machine::input::ClaimKind;
 use flexnode::machine::result::ResultReason;
@@ -9,7 +8,6 @@ use flexnode::machine::state::Side;
 use flexnode::machine::{Input, NodeState, Timestamp};
 use flexnode::sim::{ApiWrite, Build, FaultKind};
 use flexnode::sim::{SimNode, upgrade};
-use std::collections::BTreeMap;
 
 const T0: Timestamp = Timestamp::from_millis(1_785_578_400_000);
 const URL: &str = "https://artifacts.example/flexnode-v2.tar.gz?sig=SECRETSAS";
@@ -218,6 +216,29 @@ async fn crash_looping_candidate_is_rolled_back_by_the_recovery_unit() {
     node.claim("u2", upgrade(URL, SHA)).await.expect("claim");
     node.settle().await.expect("handoff");
     assert_eq!(results_for(&node, "u2")[0].0, ResultReason::Succeeded);
+}
+
+/// The recovery restarts the agent even when resetting its failed state fails (domain.md
+/// §7.1.8): the restart is what brings the last-good build back.
+#[tokio::test]
+async fn the_recovery_restarts_the_agent_when_its_failed_state_cannot_be_reset() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut node = joined(&dir, InstallMode::Host).await;
+    node.host.serve_artifact(URL, SHA, v2(true));
+    node.host
+        .world()
+        .broken
+        .insert("reset_failed(flexnode-agent.service)".into());
+    node.claim("u1", upgrade(URL, SHA)).await.expect("claim");
+    node.settle().await.expect("recovery");
+    let results = results_for(&node, "u1");
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert_eq!(results[0].0, ResultReason::DaemonFailed);
+    assert_eq!(
+        node.host.world().current,
+        Some(AgentBuild::Slot { slot: Slot::Blue })
+    );
+    assert_eq!(node.host.world().agent_restarts, 1);
 }
 
 #[tokio::test]
@@ -491,209 +512,6 @@ async fn a_restart_that_never_comes_is_rolled_back_at_the_hand_off_deadline() {
         Some(AgentBuild::Slot { slot: Slot::Blue })
     );
     assert!(!node.runner().expect("open").restart_requested());
-}
-
-/// The scenarios whose every effect boundary gets a crash.
-#[derive(Clone, Copy, Debug)]
-enum Flow {
-    Reboot,
-    /// A NodeReboot of a machine from a node image: it waits for the kubelet's Node.
-    KubeletReboot,
-    Upgrade,
-    BrokenUpgrade,
-    ContainerUpgrade,
-    Reset,
-}
-
-async fn setup(dir: &tempfile::TempDir, flow: Flow) -> SimNode {
-    let mode = match flow {
-        Flow::ContainerUpgrade => InstallMode::Container,
-        Flow::Reboot | Flow::KubeletReboot | Flow::Upgrade | Flow::BrokenUpgrade | Flow::Reset => {
-            InstallMode::Host
-        }
-    };
-    let node = if matches!(flow, Flow::KubeletReboot) {
-        joined_with_kubelet(dir).await
-    } else {
-        joined(dir, mode).await
-    };
-    node.host
-        .serve_artifact(URL, SHA, v2(matches!(flow, Flow::BrokenUpgrade)));
-    node.host.serve_image(IMAGE, v2(false));
-    node
-}
-
-async fn drive(node: &mut SimNode, flow: Flow) -> Result<(), flexnode::sim::SimError> {
-    let kind = match flow {
-        Flow::Reboot | Flow::KubeletReboot => ClaimKind::NodeReboot,
-        Flow::Reset => ClaimKind::AgentReset,
-        Flow::Upgrade | Flow::BrokenUpgrade => upgrade(URL, SHA),
-        Flow::ContainerUpgrade => upgrade("oci://registry.example/flexnode:v2", IMAGE),
-    };
-    match node.claim("op1", kind).await? {
-        Fed::Accepted(_) | Fed::Refused(_) => {}
-    }
-    node.settle().await?;
-    // A daemon that died with the result unpublished publishes it when it starts again.
-    if !matches!(flow, Flow::Reset) {
-        node.stop_process();
-        node.boot().await?;
-    }
-    Ok(())
-}
-
-/// Host calls that carry out the core's disruptive effects (`Effect::is_disruptive`):
-/// switching and restarting the agent, stopping, restarting and removing machines, wiping the
-/// runtime, and uninstalling (disabling, removing units and links).
-const DISRUPTIVE: [&str; 9] = [
-    "restart(",
-    "schedule_restart(",
-    "select_agent(",
-    "stop(",
-    "remove_machine(",
-    "wipe_runtime(",
-    "remove_unit(",
-    "disable(",
-    "remove_agent_links(",
-];
-
-/// Calls that restart the agent daemon. A crash of the daemon is a restart too (systemd
-/// starts the agent again, onto whatever is selected), so an interrupted restart effect is
-/// done once the agent came back after its intent (`exec/apply.rs`): the crashed run may make
-/// one such call fewer per daemon crash, never more.
-const AGENT_RESTARTS: [&str; 2] = [
-    "schedule_restart(flexnode-agent.service)",
-    "restart(flexnode-agent.service)",
-];
-
-/// The disruptive calls among `calls`, with how often each (name and argument) was made.
-fn disruptive_calls(calls: &[String]) -> BTreeMap<String, usize> {
-    let mut counts = BTreeMap::new();
-    for c in calls
-        .iter()
-        .filter(|c| DISRUPTIVE.iter().any(|p| c.starts_with(p)))
-    {
-        *counts.entry(c.clone()).or_insert(0) += 1;
-    }
-    counts
-}
-
-/// The one result published for `uid`: every publish of it (a re-publish from the outbox is
-/// fine) carries the same reason, message and `completedAt`.
-fn one_result(node: &SimNode, uid: &str, what: &str) -> (ResultReason, String) {
-    let mut publishes: Vec<(ResultReason, String, Timestamp)> = Vec::new();
-    for (op, r, at) in node.host.publishes() {
-        let p = (r.reason, r.message, at);
-        if op.uid == uid && !publishes.contains(&p) {
-            publishes.push(p);
-        }
-    }
-    assert_eq!(
-        publishes.len(),
-        1,
-        "{what}: {uid} must have exactly one published result: {publishes:?}"
-    );
-    let (reason, message, _) = publishes
-        .into_iter()
-        .next()
-        .unwrap_or_else(|| unreachable!());
-    (reason, message)
-}
-
-/// Injects a crash before and after each call the clean run makes. Each crashed run must end
-/// like the clean run: one published result (equal to the clean one), every disruptive call
-/// made exactly as often as in the clean run (none repeated, none skipped), and the same host
-/// and API state as a whole.
-async fn crash_everywhere(flow: Flow) {
-    let dir = tempfile::tempdir().expect("tmp");
-    let mut clean = setup(&dir, flow).await;
-    let start = clean.host.world().calls.len();
-    drive(&mut clean, flow).await.expect("clean run");
-    let calls: Vec<String> = clean.host.world().calls[start..].to_vec();
-    let want_result = one_result(&clean, "op1", &format!("{flow:?} clean run"));
-    let want_disruptive = disruptive_calls(&calls);
-    assert!(
-        !want_disruptive.is_empty(),
-        "{flow:?}: the clean run made no disruptive call"
-    );
-    let want_host = clean.host.snapshot();
-    for (i, call) in calls.iter().enumerate() {
-        let method: &'static str = Box::leak(
-            call.split('(')
-                .next()
-                .unwrap_or_default()
-                .to_string()
-                .into_boxed_str(),
-        );
-        let nth = calls[..i]
-            .iter()
-            .filter(|c| c.split('(').next() == Some(method))
-            .count() as u32;
-        for kind in [FaultKind::CrashBefore, FaultKind::CrashAfter] {
-            let what = format!("{flow:?} crash {kind:?} at {call} (#{i})");
-            let dir = tempfile::tempdir().expect("tmp");
-            let mut node = setup(&dir, flow).await;
-            let start = node.host.world().calls.len();
-            node.host.inject(method, kind, nth);
-            drive(&mut node, flow)
-                .await
-                .unwrap_or_else(|e| panic!("{what}: {e}"));
-            assert_eq!(node.crashes, 1, "{what}: the crash did not happen");
-            assert_eq!(one_result(&node, "op1", &what), want_result, "{what}");
-            let after: Vec<String> = node.host.world().calls[start..].to_vec();
-            let mut got = disruptive_calls(&after);
-            let mut want = want_disruptive.clone();
-            let restarts = |m: &mut BTreeMap<String, usize>| -> usize {
-                AGENT_RESTARTS.iter().filter_map(|c| m.remove(*c)).sum()
-            };
-            let (got_restarts, want_restarts) = (restarts(&mut got), restarts(&mut want));
-            assert_eq!(
-                got, want,
-                "{what}: disruptive calls differ from the clean run's"
-            );
-            let by_crash = node.daemon_restarts as usize;
-            assert!(
-                got_restarts <= want_restarts && got_restarts + by_crash >= want_restarts,
-                "{what}: {got_restarts} agent restart calls (+{by_crash} by the crash), \
-                 clean run {want_restarts}"
-            );
-            assert_eq!(
-                node.host.snapshot(),
-                want_host,
-                "{what}: the host ends differently from the clean run"
-            );
-        }
-    }
-}
-
-#[tokio::test]
-async fn crash_at_every_effect_boundary_of_a_reboot() {
-    crash_everywhere(Flow::Reboot).await;
-}
-
-#[tokio::test]
-async fn crash_at_every_effect_boundary_of_a_reboot_of_a_kubelet_machine() {
-    crash_everywhere(Flow::KubeletReboot).await;
-}
-
-#[tokio::test]
-async fn crash_at_every_effect_boundary_of_an_upgrade() {
-    crash_everywhere(Flow::Upgrade).await;
-}
-
-#[tokio::test]
-async fn crash_at_every_effect_boundary_of_a_broken_upgrade() {
-    crash_everywhere(Flow::BrokenUpgrade).await;
-}
-
-#[tokio::test]
-async fn crash_at_every_effect_boundary_of_a_container_upgrade() {
-    crash_everywhere(Flow::ContainerUpgrade).await;
-}
-
-#[tokio::test]
-async fn crash_at_every_effect_boundary_of_a_reset() {
-    crash_everywhere(Flow::Reset).await;
 }
 
 #[tokio::test]

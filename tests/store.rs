@@ -68,6 +68,22 @@ fn refuses_a_directory_others_can_read() {
     assert!(matches!(err, StoreError::InsecureDirectory(_)), "{err}");
 }
 
+/// A private directory of another user is theirs to put a store of their choosing in.
+#[test]
+fn refuses_a_directory_another_user_owns() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path().join("theirs");
+    std::fs::create_dir(&d).expect("mkdir");
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    std::os::unix::fs::chown(&d, Some(65534), Some(65534)).expect("chown (the tests run as root)");
+    let err = Store::open(&d.join("state.db")).expect_err("foreign");
+    assert!(
+        matches!(err, StoreError::ForeignDirectory { owner: 65534, .. }),
+        "{err}"
+    );
+    assert!(!d.join("state.db").exists(), "nothing was created in it");
+}
+
 #[test]
 fn intent_is_kept_until_the_outcome_is_recorded() {
     let dir = tempfile::tempdir().expect("tmp");

@@ -577,3 +577,50 @@ async fn reboot_takes_the_container_system_down() {
         "the old bus connection still answers after the reboot"
     );
 }
+
+/// The host install's bootstrap unit runs `flexnode join` until the join has enabled the
+/// agent: a join cut short after writing the units (the agent's unit file there, not enabled)
+/// is run again at the next boot, instead of leaving a host where neither runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    flexnode_skip = "nspawn",
+    ignore = "SKIPPED nspawn: FLEXNODE_SKIP_NSPAWN=1"
+)]
+async fn the_bootstrap_unit_runs_until_the_join_enabled_the_agent() {
+    use flexnode::effects::{AGENT_UNIT, BOOTSTRAP_UNIT};
+    let c = Container::up(&format!("fxbs-{}", std::process::id()));
+    let sd = DbusSystemd::at_address(&c.bus)
+        .await
+        .expect("connect to the container's systemd")
+        .with_unit_dir(&c.units)
+        .with_job_timeout(Duration::from_secs(30));
+    flexnode::exec::write_units(&sd, flexnode::machine::agent::InstallMode::Host)
+        .await
+        .expect("the host install's units written");
+    let condition = |expected: &'static str| {
+        // The start fails where the condition holds (no flexnode binary in this container);
+        // the condition's result is what counts.
+        let _ = c.exec(&["systemctl", "start", BOOTSTRAP_UNIT]);
+        let out = c.exec(&[
+            "systemctl",
+            "show",
+            "--property=ConditionResult",
+            "--value",
+            BOOTSTRAP_UNIT,
+        ]);
+        let _ = c.exec(&["systemctl", "stop", BOOTSTRAP_UNIT]);
+        let _ = c.exec(&["systemctl", "reset-failed", BOOTSTRAP_UNIT]);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            expected,
+            "the bootstrap unit's condition"
+        );
+    };
+    assert!(
+        c.units.join(AGENT_UNIT).exists(),
+        "the agent's unit file is written"
+    );
+    condition("yes");
+    sd.enable(AGENT_UNIT).await.expect("enable the agent");
+    condition("no");
+}

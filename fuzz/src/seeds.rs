@@ -221,7 +221,7 @@ fn config() -> Vec<Seed> {
             t,
             "node-images",
             format!(
-                "{base}nodeName: edge-07\nnodeImages:\n  v1.34.12: oci://registry.example/node:v1.34.12@sha256:{HEX}\n  v1.33.13: oci://registry.example/node@sha256:{HEX}\nbootstrapTokenFile: @FILES@/token\nsandboxImage: registry.example/pause:3.10\npodCIDR: 10.88.0.0/16\n"
+                "{base}nodeName: edge-07\nnodeImages:\n  v1.34.12: oci://registry.example/node:v1.34.12@sha256:{HEX}\n  v1.33.13: oci://registry.example/node@sha256:{HEX}\nbootstrapTokenFile: @FILES@/token\nsandboxImage: registry.example/pause:3.10@sha256:{HEX}\npodCIDR: 10.88.0.0/16\n"
             ),
             true,
         ),
@@ -311,7 +311,8 @@ fn store() -> Vec<Seed> {
         out.push(seed("store", name, data, true));
     }
     let _ = std::fs::remove_dir_all(&dir);
-    out.push(seed("store", "empty", Vec::new(), true));
+    // `create` writes a store whole, so an empty file is damage (`src/store/mod.rs`).
+    out.push(seed("store", "empty", Vec::new(), false));
     out.push(seed(
         "store",
         "not-sqlite",

@@ -36,16 +36,12 @@ pub fn check(data: &[u8], scratch: &Path) -> Outcome {
             }
             let loaded = store.load();
             if let Ok(p) = &loaded {
-                // Found at once and not fixed here (src/store/ is being changed by the lead;
-                // docs/reliability.md, "Fuzzing"): `load` takes a missing node row for a fresh
-                // node. Checked when FLEXNODE_FUZZ_STORE_NODE_ROW is set, so that the rest of
-                // the target keeps running until it is fixed.
-                if std::env::var_os("FLEXNODE_FUZZ_STORE_NODE_ROW").is_some() {
-                    assert!(
-                        !(facts.journal_rows > 0 && !facts.node_row && p.state.node().is_none()),
-                        "a store with a journal but no node row loads as a node that never joined"
-                    );
-                }
+                // A store whose node row is gone but whose journal is not is damage, never a
+                // node that never joined (`fuzz/regressions/store/`).
+                assert!(
+                    !(facts.journal_rows > 0 && !facts.node_row && p.state.node().is_none()),
+                    "a store with a journal but no node row loads as a node that never joined"
+                );
                 let again = store.load().expect("a store that loaded loads again");
                 assert_eq!(p, &again);
                 if let Ok(Some(r)) = &read {

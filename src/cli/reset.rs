@@ -95,6 +95,9 @@ async fn reset(state: &Path) -> Result<(), Failure> {
         tokio::time::sleep(Duration::from_secs(1)).await;
         input = Input::Tick;
     }
+    // What the reset could not publish in its time stays in the store for a later daemon;
+    // one more try before the command ends.
+    runner.flush_outbox().await?;
     println!(
         "flexnode: {} reset; no flexnode unit, link or runtime file is left (installed builds \
          stay under /opt/flexnode/lib for a re-join)",

@@ -188,6 +188,9 @@ async fn command_runner(
     runner.daemon = false;
     runner.node_images = node_images;
     runner.resume().await?;
+    // A result the store keeps (an earlier process could not publish it) is published by
+    // whichever process holds the store next: a command may be the last one (a reset).
+    runner.flush_outbox().await?;
     Ok(runner)
 }
 

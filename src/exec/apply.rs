@@ -180,8 +180,16 @@ where
                 self.restart_requested = true;
                 Ok(())
             }
+            // The restart matters, not the failed state: it goes ahead when resetting that
+            // fails (domain.md §7.1.8).
             Effect::RestartAgent => {
-                fx.systemd.reset_failed(AGENT_UNIT).await?;
+                match fx.systemd.reset_failed(AGENT_UNIT).await {
+                    Err(EffectError::Failed(message)) => tracing::warn!(
+                        %message,
+                        "the agent's failed state was not reset; restarting it all the same"
+                    ),
+                    other => other?,
+                }
                 fx.systemd.restart_no_wait(AGENT_UNIT).await?;
                 self.restart_requested = true;
                 Ok(())

@@ -121,24 +121,19 @@ where
         loop {
             let persisted = self.store.load()?;
             let now = self.clock.now();
+            let mut superseded = None;
             if let Some(intent) = &persisted.pending {
                 // Without an input of its own (a process starting), a deadline that passed
                 // while no process ran may preempt.
                 let first = input.clone().unwrap_or(Input::Tick);
-                if crate::machine::preempts(&persisted.state, &first, &self.policy, now) {
-                    tracing::warn!(seq = intent.seq, state = %persisted.state, input = %first,
-                        "an interrupted step is superseded");
-                    self.store.finish_step(
-                        intent.seq,
-                        &format!("superseded by {first}"),
-                        None,
-                        now,
-                    )?;
-                    input = Some(first);
-                } else {
+                if !crate::machine::preempts(&persisted.state, &first, &self.policy, now) {
                     self.resume_intent(intent, &persisted.state).await?;
+                    continue;
                 }
-                continue;
+                tracing::warn!(seq = intent.seq, state = %persisted.state, input = %first,
+                    "an interrupted step is superseded");
+                superseded = Some(intent.seq);
+                input = Some(first);
             }
             let from = persisted.state;
             let (next_input, is_report) = match (persisted.report, input.take()) {
@@ -165,9 +160,14 @@ where
                 }
                 continue;
             }
-            let seq = self
-                .store
-                .begin_step(&from, &next_input, &next.next, &next.effects, now)?;
+            let seq = self.store.begin_step_superseding(
+                &from,
+                &next_input,
+                &next.next,
+                &next.effects,
+                now,
+                superseded,
+            )?;
             // A hand-off that ended here (e.g. its deadline rolled it back) makes this process
             // the agent again.
             if !next.next.awaits_successor() {

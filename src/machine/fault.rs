@@ -159,9 +159,10 @@ impl Fault {
             FaultKind::StoreSchemaTooNew => with(format!(
                 "the node's store {p} was written by a newer flexnode than this one"
             )),
-            FaultKind::StoreDirectoryInsecure => {
-                format!("the store's directory {p} is accessible by group or others")
-            }
+            FaultKind::StoreDirectoryInsecure => format!(
+                "the store's directory {p} is accessible by group or others, or not owned by \
+                 the agent's user"
+            ),
             FaultKind::DiskFull => with(format!(
                 "no space left on the filesystem of {p}: the store cannot be written, so no \
                  step starts"
@@ -203,7 +204,9 @@ impl Fault {
                  keeps the installed builds; `flexnode join --config FILE` run from it \
                  converges), or restore {p} from a backup taken before that build ran, {restart}"
             ),
-            FaultKind::StoreDirectoryInsecure => format!("`chmod 700 {p}`, {restart}"),
+            FaultKind::StoreDirectoryInsecure => {
+                format!("`chown root: {p}` and `chmod 700 {p}`, {restart}")
+            }
             FaultKind::DiskFull => {
                 format!("free space on the filesystem of {p}; the agent resumes by itself")
             }

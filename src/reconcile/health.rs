@@ -46,6 +46,11 @@ pub fn of_store(e: &StoreError, path: &Path) -> Option<Fault> {
         StoreError::InsecureDirectory(d) => {
             Some(Fault::new(FaultKind::StoreDirectoryInsecure, d, ""))
         }
+        StoreError::ForeignDirectory { dir, owner } => Some(Fault::new(
+            FaultKind::StoreDirectoryInsecure,
+            dir,
+            format!("owned by uid {owner}"),
+        )),
         StoreError::Io { source, .. } => Some(of_io(source, dir)),
         StoreError::Locked(_) => None,
     }

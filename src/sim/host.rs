@@ -50,7 +50,8 @@ pub type StopAtCrash = Arc<dyn Fn(&World) + Send + Sync>;
 pub struct SimHost {
     world: Arc<Mutex<World>>,
     time: Option<TimeSource>,
-    stop_at_crash: Option<StopAtCrash>,
+    /// Shared by every handle (the process's effects and store hooks hold clones).
+    stop_at_crash: Arc<Mutex<Option<StopAtCrash>>>,
 }
 
 impl std::fmt::Debug for SimHost {
@@ -83,13 +84,13 @@ impl SimHost {
         Self {
             world: Arc::new(Mutex::new(world)),
             time: Some(Arc::new(time)),
-            stop_at_crash: None,
+            stop_at_crash: Arc::default(),
         }
     }
 
     /// At a planned crash, run `stop` (which never returns) instead of simulating the death.
-    pub fn stop_at_crash(&mut self, stop: StopAtCrash) {
-        self.stop_at_crash = Some(stop);
+    pub fn stop_at_crash(&self, stop: StopAtCrash) {
+        *self.stop_at_crash.lock().unwrap_or_else(|p| p.into_inner()) = Some(stop);
     }
 
     /// A new agent or CLI process starts: whatever the last one was is gone.
@@ -113,7 +114,12 @@ impl SimHost {
 
     /// The process dies at `crash` (or stops there for its SIGKILL).
     fn die(&self, mut w: MutexGuard<'_, World>, crash: PlannedCrash) {
-        if let Some(stop) = &self.stop_at_crash {
+        let stop = self
+            .stop_at_crash
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(stop) = stop {
             stop(&w);
         }
         w.dead = Some(crash);

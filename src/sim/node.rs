@@ -213,7 +213,11 @@ impl SimNode {
             self.sync_clock();
             let runner = self.runner()?;
             runner.daemon = false;
-            let resumed = runner.resume().await;
+            // A command publishes what the store keeps, as the daemon does at its start.
+            let resumed = match runner.resume().await {
+                Ok(()) => runner.flush_outbox().await.map(drop),
+                Err(e) => Err(e),
+            };
             if self.died() {
                 if self.stays_down {
                     return Err(SimError::Down);
@@ -336,7 +340,11 @@ impl SimNode {
                 let unjoined = matches!(runner.state(), Ok(NodeState::Unjoined { .. }));
                 left -= 1;
                 if fed.is_err() || unjoined || left == 0 {
-                    break fed;
+                    // One more try at what the reset could not publish in its time.
+                    break match fed {
+                        Ok(fed) => runner.flush_outbox().await.map(|_| fed),
+                        Err(e) => Err(e),
+                    };
                 }
                 input = Input::Tick;
             };

@@ -32,6 +32,11 @@ pub enum StoreError {
     Corrupt { path: PathBuf, detail: String },
     #[error("the store directory {0} is accessible by group or others; it must be mode 0700")]
     InsecureDirectory(PathBuf),
+    #[error(
+        "the store directory {dir} belongs to uid {owner}, not to this user; it must be this \
+         user's own (chown it, or remove it if it is not flexnode's)"
+    )]
+    ForeignDirectory { dir: PathBuf, owner: u32 },
     #[error(transparent)]
     Migration(#[from] migrations::MigrationError),
     #[error("cannot use the store {path}: {source}")]
@@ -165,10 +170,15 @@ impl Store {
         &self.path
     }
 
+    /// The node's row, on a store that has none and no history (made by a build that
+    /// seeded it at its first open, and stopped before): a store whose row is gone but whose
+    /// journal or operations are not is damage, which `load` reports.
     fn seed(&self) -> Result<(), StoreError> {
         let state = to_json(&NodeState::default())?;
         self.conn().execute(
-            "INSERT OR IGNORE INTO node (id, state, updated_at) VALUES (1, ?1, 0)",
+            "INSERT INTO node (id, state, updated_at) SELECT 1, ?1, 0
+             WHERE NOT EXISTS (SELECT 1 FROM node) AND NOT EXISTS (SELECT 1 FROM journal)
+               AND NOT EXISTS (SELECT 1 FROM operations)",
             params![state],
         )?;
         Ok(())
@@ -191,8 +201,29 @@ impl Store {
         effects: &[Effect],
         now: Timestamp,
     ) -> Result<i64, StoreError> {
+        self.begin_step_superseding(from, input, next, effects, now, None)
+    }
+
+    /// The same, closing in the same transaction the interrupted step `superseded` (its
+    /// journal entry's outcome: superseded by `input`), so no crash leaves the one closed and
+    /// the other not begun.
+    pub fn begin_step_superseding(
+        &mut self,
+        from: &NodeState,
+        input: &Input,
+        next: &NodeState,
+        effects: &[Effect],
+        now: Timestamp,
+        superseded: Option<i64>,
+    ) -> Result<i64, StoreError> {
         let mut conn = self.conn();
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        if let Some(seq) = superseded {
+            tx.prepare_cached(
+                "UPDATE journal SET outcome = ?2, outcome_at = ?3 WHERE seq = ?1 AND outcome IS NULL",
+            )?
+            .execute(params![seq, format!("superseded by {input}"), now.millis()])?;
+        }
         if let Input::OperationClaimed(claim) = input {
             operations::record_claim(
                 &tx,
@@ -357,6 +388,20 @@ fn load(conn: &Connection, path: &Path) -> Result<Persisted, StoreError> {
         })
         .map_err(|e| corrupt(path, e))?;
     let Some((state, pending, seq, at, report)) = row else {
+        // A reader of a store its writer has not seeded yet; with any history, damage.
+        let history: bool = conn
+            .query_row(
+                "SELECT EXISTS (SELECT 1 FROM journal) OR EXISTS (SELECT 1 FROM operations)",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(|e| corrupt(path, e))?;
+        if history {
+            return Err(StoreError::Corrupt {
+                path: path.into(),
+                detail: "the node's state is missing but its journal is not".into(),
+            });
+        }
         return Ok(Persisted {
             state: NodeState::default(),
             pending: None,
@@ -460,12 +505,17 @@ fn ensure_private_dir(dir: &Path) -> Result<(), StoreError> {
             .map_err(|e| StoreError::io(dir, e))?;
         return Ok(());
     }
-    let mode = fs::metadata(dir)
-        .map_err(|e| StoreError::io(dir, e))?
-        .permissions()
-        .mode();
-    if mode & 0o077 != 0 {
+    let meta = fs::metadata(dir).map_err(|e| StoreError::io(dir, e))?;
+    if meta.permissions().mode() & 0o077 != 0 {
         return Err(StoreError::InsecureDirectory(dir.into()));
+    }
+    // Another user's directory, even 0700, is theirs to swap the store in.
+    let me = rustix::process::geteuid().as_raw();
+    if std::os::unix::fs::MetadataExt::uid(&meta) != me {
+        return Err(StoreError::ForeignDirectory {
+            dir: dir.into(),
+            owner: std::os::unix::fs::MetadataExt::uid(&meta),
+        });
     }
     Ok(())
 }

@@ -129,8 +129,14 @@ pub enum Action {
     RecoveryUnit,
     /// The operator runs `flexnode reset --yes`.
     CliReset,
-    /// The clock reaches the state's deadline and the daemon ticks.
+    /// The clock reaches the state's deadline and the daemon ticks (with no restart timer
+    /// pending: one fires long before any deadline).
     Deadline,
+    /// The same a second before the deadline: what the tick starts may end after it.
+    AlmostDeadline,
+    /// The transient restart timers are gone without firing (systemd was re-executed, or
+    /// someone stopped them).
+    LoseRestartTimers,
 }
 
 /// What else happens while an action runs.
@@ -199,10 +205,15 @@ pub fn stored_state(node: &SimNode) -> NodeState {
 pub fn applies(node: &SimNode, state: &NodeState, action: Action) -> bool {
     let joined = !matches!(state, NodeState::Unjoined { .. });
     let installed = node.host.selected_build().is_some();
+    // Until the harness (systemd's part) took them, fired in the world or not.
+    let timers = !node.host.world().restart_timers.is_empty();
     match action {
         Action::Join(_) => !joined,
         Action::Claim(_) | Action::Observe(_) | Action::Settle => node.daemon_running(),
-        Action::Deadline => node.daemon_running() && state.deadline().is_some(),
+        Action::Deadline | Action::AlmostDeadline => {
+            node.daemon_running() && state.deadline().is_some() && !timers
+        }
+        Action::LoseRestartTimers => timers,
         Action::RestartDaemon => installed && joined,
         Action::RestartDaemonLate => installed && state.deadline().is_some(),
         Action::RecoveryUnit => matches!(state, NodeState::Upgrading { .. }),
@@ -257,14 +268,20 @@ async fn act(node: &mut SimNode, action: Action, depth: usize) -> Result<(), Sim
             node.boot().await?;
         }
         Action::Settle => node.settle().await?,
+        Action::LoseRestartTimers => node.host.world().restart_timers.clear(),
         Action::RecoveryUnit => node.recovery_unit().await?,
         Action::CliReset => {
             node.cli_reset().await?;
             start_enabled_agent(node).await?;
         }
-        Action::Deadline => {
+        Action::Deadline | Action::AlmostDeadline => {
             if let Some(deadline) = stored_state(node).deadline() {
-                let ahead = (deadline.millis() - node.clock.peek().millis()) / 1000 + 1;
+                let ahead = (deadline.millis() - node.clock.peek().millis()) / 1000;
+                let ahead = if action == Action::Deadline {
+                    ahead + 1
+                } else {
+                    ahead - 1
+                };
                 node.clock.advance_secs(ahead.max(0));
             }
             watched(node, Input::Tick).await?;
@@ -288,10 +305,10 @@ pub async fn after_death(node: &mut SimNode, action: Action, depth: usize) -> Re
         }
     }
     match action {
-        Action::Claim(_) | Action::Observe(_) | Action::Deadline => {
+        Action::Claim(_) | Action::Observe(_) | Action::Deadline | Action::AlmostDeadline => {
             let input = match action {
                 Action::Observe(observed) => observed.input(),
-                Action::Deadline => Input::Tick,
+                Action::Deadline | Action::AlmostDeadline => Input::Tick,
                 _ => claim(action, depth),
             };
             if node.daemon_running() {
@@ -302,7 +319,7 @@ pub async fn after_death(node: &mut SimNode, action: Action, depth: usize) -> Re
             run(node, action, &Modifier::None, depth).await?
         }
         Action::Settle => node.settle().await?,
-        Action::RestartDaemon | Action::RestartDaemonLate => {}
+        Action::RestartDaemon | Action::RestartDaemonLate | Action::LoseRestartTimers => {}
     }
     Ok(())
 }

@@ -30,7 +30,7 @@ const DISRUPTIVE: [&str; 9] = [
 /// once the agent came back after its intent (`src/exec/apply.rs`), and a daemon a death
 /// started on a build no longer selected restarts onto the selected one. So each death may
 /// account for one such call fewer or more.
-fn restarts_agent(call: &str) -> bool {
+pub fn restarts_agent(call: &str) -> bool {
     call == format!("schedule_restart({AGENT_UNIT})") || call == format!("restart({AGENT_UNIT})")
 }
 
@@ -261,6 +261,21 @@ pub fn judge(clean: &Outcome, got: &Outcome, deaths: usize) -> Result<(), String
         ));
     }
     Ok(())
+}
+
+/// [`judge`] against several acceptable ends: the first difference from the first, if none
+/// matches.
+pub fn judge_any(cleans: &[&Outcome], got: &Outcome, deaths: usize) -> Result<(), String> {
+    let mut first = None;
+    for clean in cleans {
+        match judge(clean, got, deaths) {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                first.get_or_insert(e);
+            }
+        }
+    }
+    Err(first.unwrap_or_else(|| "nothing to compare with".into()))
 }
 
 /// The recovery from a death at `at` in `events`: the events after it up to the first
