@@ -13,6 +13,8 @@ use flexnode::machine::agent::Sha256Hex;
 use sha2::{Digest, Sha256};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use support::containerd::{Flavor, NS, Tier, snapshotter};
 
 macro_rules! both_versions {
@@ -105,14 +107,16 @@ fn sha(bytes: &[u8]) -> String {
 
 /// An OCI layout at `dir` of one amd64 image of `layers` (gzip) pushed to the tier's registry
 /// as `repo` and pulled by its index digest (into the content store only, as node images are,
-/// when `content_only`); the agent's client and that digest.
+/// when `content_only`); the agent's client, that digest, and how often the client's
+/// heartbeat (a sign of life during a long pull or unpack) was called so far, which the pull
+/// did at least once per layer.
 async fn pushed_and_pulled(
     tier: &Tier,
     dir: &Path,
     repo: &str,
     layers: &[Vec<u8>],
     content_only: bool,
-) -> (GrpcContainerd, Sha256Hex) {
+) -> (GrpcContainerd, Sha256Hex, Arc<AtomicUsize>) {
     let blobs = dir.join("blobs/sha256");
     std::fs::create_dir_all(&blobs).expect("blobs");
     let put = |bytes: &[u8]| -> (String, usize) {
@@ -149,10 +153,15 @@ async fn pushed_and_pulled(
     std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).expect("layout");
     let (pushed, _) = support::image::push(dir, &format!("{}/{repo}:t", tier.registry), None);
     let digest = Sha256Hex::parse(&pushed).expect("pushed digest");
+    let beats = Arc::new(AtomicUsize::new(0));
+    let counter = beats.clone();
     let agent = GrpcContainerd::connect(&tier.socket, NS)
         .await
         .expect("connect")
-        .with_snapshotter(&snapshotter());
+        .with_snapshotter(&snapshotter())
+        .with_heartbeat(Arc::new(move || {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }));
     let reference = tier.reference(repo, &digest);
     if content_only {
         agent.pull_content(&reference, &digest).await
@@ -160,7 +169,12 @@ async fn pushed_and_pulled(
         agent.pull(&reference, &digest).await
     }
     .expect("pull");
-    (agent, digest)
+    assert!(
+        beats.load(Ordering::Relaxed) >= layers.len(),
+        "the pull's heartbeat: {beats:?} for {} layers",
+        layers.len()
+    );
+    (agent, digest, beats)
 }
 
 async fn layers_apply_in_order_with_whiteouts_and_metadata(flavor: Flavor) {
@@ -185,7 +199,7 @@ async fn layers_apply_in_order_with_whiteouts_and_metadata(flavor: Flavor) {
         E::File("opaque/new", b"upper\n", 0o600, 0),
         E::File("etc/keep", b"replaced\n", 0o640, 0),
     ]);
-    let (agent, digest) = pushed_and_pulled(
+    let (agent, digest, beats) = pushed_and_pulled(
         &tier,
         &work.path().join("layout"),
         "e2e/rootfs",
@@ -194,10 +208,18 @@ async fn layers_apply_in_order_with_whiteouts_and_metadata(flavor: Flavor) {
     )
     .await;
     let tree = work.path().join("tree");
+    let pulled = beats.load(Ordering::Relaxed);
     agent
         .unpack_image_into(&digest, &tree)
         .await
         .expect("unpack");
+    // The daemon's sign of life during a long unpack (src/reconcile/liveness.rs): per chunk
+    // of each layer streamed out of the content store.
+    assert!(
+        beats.load(Ordering::Relaxed) >= pulled + 2,
+        "the unpack's heartbeat: {} after the pull's {pulled}, for 2 layers",
+        beats.load(Ordering::Relaxed)
+    );
 
     let read = |p: &str| std::fs::read_to_string(tree.join(p)).expect(p);
     let meta = |p: &str| std::fs::symlink_metadata(tree.join(p)).expect(p);
@@ -253,7 +275,7 @@ async fn a_layer_reaching_outside_through_a_symlink_is_refused(flavor: Flavor) {
         E::File("escape/.wh.sentinel", b"", 0o644, 0),
         E::File("escape/planted", b"planted\n", 0o644, 0),
     ]);
-    let (agent, digest) = pushed_and_pulled(
+    let (agent, digest, _) = pushed_and_pulled(
         &tier,
         &work.path().join("layout"),
         "e2e/escape",
@@ -296,7 +318,7 @@ async fn a_side_is_provisioned_from_a_node_image_with_its_kubelet_files(flavor: 
         E::Dir("usr/local/bin", 0o755),
         E::File("usr/local/bin/kubelet", b"#!kubelet\n", 0o755, 0),
     ]);
-    let (agent, digest) = pushed_and_pulled(
+    let (agent, digest, _) = pushed_and_pulled(
         &tier,
         &work.path().join("layout"),
         "e2e/node",

@@ -340,7 +340,10 @@ class OpWatch(threading.Thread):
     resumes from the last resourceVersion it saw (bookmarks included) whenever the stream
     ends, so no event falls between two streams. A resume is accounted for; a watch the API
     server can no longer resume (410 Gone: events were compacted away) is a gap, which
-    `gaps` keeps and the final check fails on."""
+    `gaps` keeps and the final check fails on. Another resource's watch (soak.py's of the
+    Machine) is a subclass with its own `path` and `_record`."""
+
+    path = OPS_PATH
 
     def __init__(self, lab):
         super().__init__(daemon=True)
@@ -359,7 +362,7 @@ class OpWatch(threading.Thread):
         while not self.stopping:
             try:
                 if rv is None:
-                    status, lst = self.api.get(OPS_PATH)
+                    status, lst = self.api.get(self.path)
                     if status != 200:
                         raise OSError("list: HTTP %d" % status)
                     for obj in lst.get("items") or []:
@@ -384,7 +387,7 @@ class OpWatch(threading.Thread):
         self.conn = self.api.connect(timeout=120)
         try:
             self.conn.request("GET", "%s?watch=1&allowWatchBookmarks=true&timeoutSeconds=240"
-                                     "&resourceVersion=%s" % (OPS_PATH, rv))
+                                     "&resourceVersion=%s" % (self.path, rv))
             r = self.conn.getresponse()
             if r.status == 410:
                 self.gaps.append("%s: watch from %s: 410 Gone" % (time.strftime("%H:%M:%S"), rv))

@@ -82,7 +82,13 @@ async fn on_host(state: &Path, args: &DaemonArgs) -> Result<(), Failure> {
         state,
         &config.node_name,
         client.clone(),
-        (fx.systemd, fx.containerd, fx.host),
+        (
+            fx.systemd,
+            // A long pull or unpack is progress too (a repave's, also one resumed at start-up)
+            fx.containerd
+                .with_heartbeat(std::sync::Arc::new(crate::reconcile::liveness::progress)),
+            fx.host,
+        ),
         fx.node_images,
     )
     .await

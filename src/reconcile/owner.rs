@@ -3,7 +3,7 @@
 use super::clock::SteadyClock;
 use super::health::{self, Health};
 use super::watch::{self, OperationWatch, WatchCounters};
-use super::{DELETION_TAINT, Msg, address};
+use super::{DELETION_TAINT, Msg, address, liveness};
 use crate::api::{Machine, MachineOperation};
 use crate::effects::kube::KubePublisher;
 use crate::effects::{Containerd, Host, Systemd};
@@ -115,10 +115,9 @@ where
         unconfirmed: false,
     };
     // A step of long effects (a repave: unpack, start, the wait for the kubelet) keeps the
-    // watchdog fed while it makes progress; a wedged loop still gets the agent restarted.
-    owner.runner.on_progress = Some(crate::exec::Progress(Box::new(|| {
-        notify(sd_notify::NotifyState::Watchdog)
-    })));
+    // watchdog fed, and during start-up the start timeout extended, while it makes progress;
+    // a wedged loop still gets the agent restarted (liveness.rs).
+    owner.runner.on_progress = Some(crate::exec::Progress(Box::new(liveness::progress)));
     tokio::pin!(shutdown);
     // Finish what a crash interrupted, publish what waits, judge a pending hand-off: before
     // any new work is claimed. A store that cannot be written is waited for (then systemd
@@ -132,11 +131,11 @@ where
             .health
             .enter(fault, &owner.runner.effects.publisher)
             .await;
-        notify(sd_notify::NotifyState::Ready);
+        liveness::ready();
         loop {
             tokio::select! {
                 () = &mut shutdown => return Ok(()),
-                () = tokio::time::sleep(config.tick) => notify(sd_notify::NotifyState::Watchdog),
+                () = tokio::time::sleep(config.tick) => liveness::notify(&[sd_notify::NotifyState::Watchdog]),
             }
             if owner.check_health().await {
                 break;
@@ -145,7 +144,7 @@ where
     }
     // systemd (Type=notify) counts the agent started from here; the watchdog is fed by the
     // owner loop itself, so a wedged loop gets the agent restarted.
-    notify(sd_notify::NotifyState::Ready);
+    liveness::ready();
     let state = owner.runner.state()?;
     owner.say(&state);
     owner
@@ -203,7 +202,7 @@ where
             },
             () = tokio::time::sleep_until(next_tick) => {
                 let done = owner.tick().await;
-                notify(sd_notify::NotifyState::Watchdog);
+                liveness::notify(&[sd_notify::NotifyState::Watchdog]);
                 (true, done)
             }
         };
@@ -242,19 +241,12 @@ where
         let due = Instant::now() + owner.tick_in(&state, config.tick)?;
         next_tick = if ticked { due } else { next_tick.min(due) };
     }
-    notify(sd_notify::NotifyState::Stopping);
+    liveness::notify(&[sd_notify::NotifyState::Stopping]);
     // A full disk can refuse the checkpoint; the WAL keeps every committed step meanwhile.
     if let Err(e) = owner.runner.store.checkpoint() {
         tracing::warn!(error = %e, "the store's WAL was not checkpointed");
     }
     Ok(())
-}
-
-/// Tells systemd; a no-op outside a `Type=notify` unit.
-fn notify(state: sd_notify::NotifyState<'_>) {
-    if let Err(e) = sd_notify::notify(&[state]) {
-        tracing::warn!(error = %e, "sd_notify failed");
-    }
 }
 
 struct AbortOnDrop(Vec<tokio::task::AbortHandle>);

@@ -285,6 +285,7 @@ impl GrpcContainerd {
             .map_err(|e| EffectError::Failed(format!("content write: {e}")))?;
             responses.message().await.map_err(|s| failed(&s))?;
             offset += len;
+            self.heartbeat.beat();
             if let Some(p) = progress.as_deref_mut() {
                 p.bytes(&desc.digest, chunk_len);
             }

@@ -1,18 +1,29 @@
 //! containerd connected on first use: a host install never needs it for archive upgrades,
 //! and a daemon must not fail to start because containerd is down.
 
-use super::{GrpcContainerd, RegistryConfig};
+use super::{GrpcContainerd, Heartbeat, RegistryConfig};
 use crate::effects::{Containerd, EffectResult};
 use crate::machine::agent::Sha256Hex;
 use std::path::{Path, PathBuf};
 use tokio::sync::OnceCell;
 
-#[derive(Debug)]
 pub struct LazyContainerd {
     socket: PathBuf,
     namespace: String,
     registry: RegistryConfig,
+    heartbeat: Option<Heartbeat>,
     client: OnceCell<GrpcContainerd>,
+}
+
+impl std::fmt::Debug for LazyContainerd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LazyContainerd")
+            .field("socket", &self.socket)
+            .field("namespace", &self.namespace)
+            .field("registry", &self.registry)
+            .field("client", &self.client)
+            .finish_non_exhaustive()
+    }
 }
 
 impl LazyContainerd {
@@ -21,16 +32,27 @@ impl LazyContainerd {
             socket: socket.into(),
             namespace: namespace.to_string(),
             registry,
+            heartbeat: None,
             client: OnceCell::new(),
         }
+    }
+
+    /// The client's [`GrpcContainerd::with_heartbeat`] once it connects.
+    pub fn with_heartbeat(mut self, heartbeat: Heartbeat) -> Self {
+        self.heartbeat = Some(heartbeat);
+        self
     }
 
     async fn client(&self) -> EffectResult<&GrpcContainerd> {
         self.client
             .get_or_try_init(|| async {
-                Ok(GrpcContainerd::connect(&self.socket, &self.namespace)
+                let client = GrpcContainerd::connect(&self.socket, &self.namespace)
                     .await?
-                    .with_registry(self.registry.clone()))
+                    .with_registry(self.registry.clone());
+                Ok(match &self.heartbeat {
+                    Some(h) => client.with_heartbeat(h.clone()),
+                    None => client,
+                })
             })
             .await
     }

@@ -39,7 +39,7 @@ mod unpack;
 pub use check::{AGENT_BINARY, DEFAULT_CHECK_DIR, DEFAULT_CHECK_TIMEOUT};
 pub use container::{StopOutcome, TaskIo, TaskState};
 pub use lazy::LazyContainerd;
-pub use progress::{PROGRESS_EVERY, ProgressFn, PullProgress};
+pub use progress::{Heartbeat, PROGRESS_EVERY, ProgressFn, PullProgress};
 pub use registry::{RegistryConfig, basic_credentials};
 pub use rootfs::{Compression, apply_layer};
 pub use spec::{BindMount, MANAGED_LABEL, MANAGED_VALUE, RUNC_RUNTIME, SPEC_TYPE_URL};
@@ -53,7 +53,7 @@ use containerd_client::services::v1::{
     content_client::ContentClient, images_client::ImagesClient,
 };
 use containerd_client::tonic::{Code, Request, Status, transport::Channel};
-use progress::{ProgressSink, log_progress};
+use progress::{HeartbeatSink, ProgressSink, log_progress};
 use sha2::{Digest as _, Sha256};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -96,6 +96,8 @@ pub struct GrpcContainerd {
     /// Where pull progress goes ([`PullProgress`] as `tracing` events unless
     /// [`Self::with_progress`]).
     progress: ProgressSink,
+    /// Called per chunk of a layer streamed or unpacked ([`Self::with_heartbeat`]).
+    heartbeat: HeartbeatSink,
     /// How registries are reached (trust, credentials).
     registry: RegistryConfig,
     /// The candidate check's output directory and time limit ([`Self::with_check`]).
@@ -156,6 +158,7 @@ impl GrpcContainerd {
             architecture: architecture.into(),
             io_timeout: Duration::from_secs(60),
             progress: ProgressSink(log_progress()),
+            heartbeat: HeartbeatSink(None),
             registry: RegistryConfig::default(),
             check_dir: PathBuf::from(DEFAULT_CHECK_DIR),
             check_timeout: DEFAULT_CHECK_TIMEOUT,
@@ -178,6 +181,13 @@ impl GrpcContainerd {
     /// Sends pull progress ([`PullProgress`]) to `progress` instead of `tracing::info!` events.
     pub fn with_progress(mut self, progress: ProgressFn) -> Self {
         self.progress = ProgressSink(progress);
+        self
+    }
+
+    /// Calls `heartbeat` per chunk of a layer streamed into the content store or unpacked
+    /// into a tree: a sign of life during one long effect.
+    pub fn with_heartbeat(mut self, heartbeat: Heartbeat) -> Self {
+        self.heartbeat = HeartbeatSink(Some(heartbeat));
         self
     }
 

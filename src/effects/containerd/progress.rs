@@ -55,6 +55,29 @@ pub(super) fn log_progress() -> ProgressFn {
     })
 }
 
+/// A sign of life from inside one long effect (a layer streamed into the content store or
+/// unpacked into a machine's tree, per chunk): the daemon feeds systemd's watchdog and start
+/// timeout with it (`src/reconcile/liveness.rs`), so a slow pull or unpack is not mistaken for
+/// a wedged agent. Called on the working task, often: it should be quick.
+pub type Heartbeat = Arc<dyn Fn() + Send + Sync>;
+
+#[derive(Clone)]
+pub(super) struct HeartbeatSink(pub(super) Option<Heartbeat>);
+
+impl HeartbeatSink {
+    pub(super) fn beat(&self) {
+        if let Some(f) = &self.0 {
+            f();
+        }
+    }
+}
+
+impl std::fmt::Debug for HeartbeatSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HeartbeatSink")
+    }
+}
+
 #[derive(Clone)]
 pub(super) struct ProgressSink(pub(super) ProgressFn);
 

@@ -107,6 +107,7 @@ impl GrpcContainerd {
         loop {
             match stream.message().await {
                 Ok(Some(msg)) => {
+                    self.heartbeat.beat();
                     hash.update(&msg.data);
                     if tx.send(Ok(msg.data)).await.is_err() {
                         // The unpacking side stopped: its error is the one to report.
