@@ -2,7 +2,7 @@
 //! its own list: the test passes only when every check the suite defines (`--list`) printed
 //! `PASS`, the summary says so, and the script exited 0. An inherited `SUITE_ARGS` is removed,
 //! so nothing can shrink the suite. The output is streamed as it comes, each line prefixed
-//! with the suite's tag: the two install suites run side by side (`tests/install_suites.rs`).
+//! with the suite's tag: the two install suites run side by side (`tests/labs/install_suites.rs`).
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};

@@ -6,8 +6,13 @@
 //!
 //! `FLEXNODE_APISERVER_AWAY_SECS` sets the outage (300 s, what CI runs).
 
-mod support;
-
+use crate::support::Lab;
+use crate::support::account::{host_store_account, store_account};
+use crate::support::agent::{Agent, admin, apply_rbac, create_node_and_machine};
+use crate::support::artifacts::{Served, pack};
+use crate::support::history::{History, Seen, events, status_writes};
+use crate::support::hostnode::HostNode;
+use crate::support::logs;
 use flexnode::api::machine_operation::{MachineOperationSpec, OperationKind, OperationPhase};
 use flexnode::api::{Machine, MachineOperation};
 use flexnode::machine::agent::InstallMode;
@@ -20,13 +25,6 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime};
-use support::Lab;
-use support::account::{host_store_account, store_account};
-use support::agent::{Agent, admin, apply_rbac, create_node_and_machine};
-use support::artifacts::{Served, pack};
-use support::history::{History, Seen, events, status_writes};
-use support::hostnode::HostNode;
-use support::logs;
 
 /// How long the simulated effects and the throttled download take: longer than the API
 /// server's stop (seconds), so each operation is in the middle of its work when it goes.
@@ -113,7 +111,7 @@ fn now_usec() -> u64 {
 
 /// The operation's Events once its result's is recorded: reason → count.
 async fn events_of(admin: &Client, uid: &str, result: &str) -> BTreeMap<String, i32> {
-    support::wait_for(Duration::from_secs(30), || async {
+    crate::support::wait_for(Duration::from_secs(30), || async {
         let by = events(admin, uid).await;
         by.contains_key(result).then_some(by)
     })
@@ -121,16 +119,7 @@ async fn events_of(admin: &Client, uid: &str, result: &str) -> BTreeMap<String, 
     .unwrap_or_else(|| panic!("no {result} Event for {uid}"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    flexnode_skip = "nspawn",
-    ignore = "SKIPPED nspawn: FLEXNODE_SKIP_NSPAWN=1"
-)]
-#[cfg_attr(
-    all(flexnode_skip = "controlplane", not(flexnode_skip = "nspawn")),
-    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
-)]
-async fn the_api_server_away_for_minutes_in_the_middle_of_three_operations() {
+pub async fn the_api_server_away_for_minutes_in_the_middle_of_three_operations() {
     let outage = outage();
     let lab = Lab::up_audited();
     apply_rbac(&lab);
@@ -212,7 +201,7 @@ async fn the_api_server_away_for_minutes_in_the_middle_of_three_operations() {
         )
         .await,
     );
-    let got = support::wait_for(Duration::from_secs(30), || async {
+    let got = crate::support::wait_for(Duration::from_secs(30), || async {
         (received.operation_events.load(Ordering::Relaxed) > before).then_some(())
     })
     .await;
@@ -248,7 +237,7 @@ async fn the_api_server_away_for_minutes_in_the_middle_of_three_operations() {
     // The work goes on without it: the machine restarted, the node wiped, the upgrade handed
     // off to a new daemon that judged it (its result waits in the outbox).
     let within = WORK + Duration::from_secs(30);
-    let done = support::wait_for(within, || async {
+    let done = crate::support::wait_for(within, || async {
         (calls(&rebooter.host, "restart(systemd-nspawn") == 1).then_some(())
     })
     .await;
@@ -258,7 +247,7 @@ async fn the_api_server_away_for_minutes_in_the_middle_of_three_operations() {
     );
     // The next reboot (reboot-after) at full speed.
     rebooter.host.world().slow.remove("restart");
-    let done = support::wait_for(within, || async {
+    let done = crate::support::wait_for(within, || async {
         (calls(&resetter.host, "wipe_runtime") == 1).then_some(())
     })
     .await;
@@ -275,7 +264,7 @@ async fn the_api_server_away_for_minutes_in_the_middle_of_three_operations() {
         })
         .expect("the upgrade's claim in the journal")
         .usec;
-    let judged = support::wait_for(within, || async {
+    let judged = crate::support::wait_for(within, || async {
         upgrader
             .journal(claim)
             .into_iter()
@@ -398,7 +387,7 @@ async fn the_api_server_away_for_minutes_in_the_middle_of_three_operations() {
     let resynced =
         |l: &str, node: &str| l.contains("watch resynced") && l.contains(&format!("node={node} "));
     let counters = rebooter.counters();
-    let settled = support::wait_for(Duration::from_secs(90), || async {
+    let settled = crate::support::wait_for(Duration::from_secs(90), || async {
         (counters.resyncs.load(Ordering::Relaxed) >= 4 && counters.connected()).then_some(())
     })
     .await;
@@ -418,7 +407,7 @@ async fn the_api_server_away_for_minutes_in_the_middle_of_three_operations() {
             ms_between(back, logs::time_of(&line))
         );
     }
-    let host_lines = support::wait_for(Duration::from_secs(90), || async {
+    let host_lines = crate::support::wait_for(Duration::from_secs(90), || async {
         let lines: Vec<_> = upgrader
             .journal(back_usec)
             .into_iter()
@@ -508,12 +497,7 @@ const RBAC_FIRST: &str = r#"{"apiVersion":"v1","kind":"List","items":[
   "roleRef":{"apiGroup":"rbac.authorization.k8s.io","kind":"ClusterRole","name":"away-nodes"},
   "subjects":[{"apiGroup":"rbac.authorization.k8s.io","kind":"User","name":"system:flexnode:wiped-3"}]}]}"#;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    flexnode_skip = "controlplane",
-    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
-)]
-async fn the_api_server_back_without_its_data() {
+pub async fn the_api_server_back_without_its_data() {
     let lab = Lab::up();
     apply_rbac(&lab);
     let admin = admin(&lab).await;
@@ -544,7 +528,7 @@ async fn the_api_server_back_without_its_data() {
         spec("wiped-1", OperationKind::NodeReboot),
     )
     .await;
-    let got = support::wait_for(Duration::from_secs(30), || async {
+    let got = crate::support::wait_for(Duration::from_secs(30), || async {
         (received.operation_events.load(Ordering::Relaxed) > before).then_some(())
     })
     .await;
@@ -585,7 +569,7 @@ async fn the_api_server_back_without_its_data() {
         1,
         "w-running finished before the API server was away"
     );
-    let restarted = support::wait_for(Duration::from_secs(60), || async {
+    let restarted = crate::support::wait_for(Duration::from_secs(60), || async {
         (calls(&worker.host, "restart(systemd-nspawn") == 2).then_some(())
     })
     .await;
@@ -633,7 +617,7 @@ async fn the_api_server_back_without_its_data() {
     apply_rbac(&lab);
     for agent in [&worker, &tainted, &pending] {
         let counters = agent.counters();
-        let settled = support::wait_for(Duration::from_secs(120), || async {
+        let settled = crate::support::wait_for(Duration::from_secs(120), || async {
             (counters.resyncs.load(Ordering::Relaxed) >= 4 && counters.connected()).then_some(())
         })
         .await;
@@ -681,7 +665,7 @@ async fn the_api_server_back_without_its_data() {
 
     // wiped-1: the outbox drops the result of the operation that is gone; the waiting one
     // is never claimed.
-    let dropped = support::wait_for(Duration::from_secs(30), || async {
+    let dropped = crate::support::wait_for(Duration::from_secs(30), || async {
         store_account(&worker.store)
             .unpublished
             .is_empty()
@@ -729,7 +713,7 @@ async fn wait_phase(
     name: &str,
     phase: OperationPhase,
 ) -> MachineOperation {
-    support::wait_for(Duration::from_secs(60), || async {
+    crate::support::wait_for(Duration::from_secs(60), || async {
         let op = ops.get_opt(name).await.ok().flatten()?;
         (op.status.as_ref().and_then(|s| s.phase) == Some(phase)).then_some(op)
     })

@@ -1,6 +1,5 @@
-//! Both install modes' suites, each in a fresh QEMU/TCG lab of its own, run side by side (one
-//! test binary, so libtest runs the two tests at once; their labs share nothing but the
-//! caches). Each is held to its suite's own list (`tests/support/suite.rs`); a missing tier
+//! Both install modes' suites, each in a fresh QEMU/TCG lab of its own, run side by side
+//! (`tests/labs/main.rs`; their labs share nothing but the caches). Each is held to its suite's own list (`tests/support/suite.rs`); a missing tier
 //! fails the test, skipped only with its variable (`tests/support/tier.rs`).
 //!
 //! - host: `e2e/run host` — the control plane on this host, the artifact server on loopback,
@@ -11,28 +10,16 @@
 //!   ignition`'s config and booted with `/usr` read-only, where the bootstrap unit joins from a
 //!   container of the agent's image; then the checks of `e2e/container/suite.py`.
 
-mod support;
+use crate::support::tier::{Tier, require};
 
-use support::tier::{Tier, require};
-
-#[test]
-#[cfg_attr(
-    flexnode_skip = "host-suite",
-    ignore = "SKIPPED host-suite: FLEXNODE_SKIP_HOST_SUITE=1"
-)]
-fn host_install_suite_passes_in_a_fresh_qemu_lab() {
+pub fn host_install_suite_passes_in_a_fresh_qemu_lab() {
     require(Tier::HostSuite);
-    support::suite::passes("host", "e2e/run", &["host"], "e2e/host/suite.py", 17);
+    crate::support::suite::passes("host", "e2e/run", &["host"], "e2e/host/suite.py", 17);
 }
 
-#[test]
-#[cfg_attr(
-    flexnode_skip = "container-suite",
-    ignore = "SKIPPED container-suite: FLEXNODE_SKIP_CONTAINER_SUITE=1"
-)]
-fn container_install_suite_passes_in_a_fresh_qemu_lab() {
+pub fn container_install_suite_passes_in_a_fresh_qemu_lab() {
     require(Tier::ContainerSuite);
-    support::suite::passes(
+    crate::support::suite::passes(
         "container",
         "e2e/container/run",
         &["suite"],
