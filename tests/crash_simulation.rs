@@ -13,7 +13,9 @@ use crash::action::{Action, Modifier, after_death, node_images, quiesce};
 use crash::crashes::{
     Clean, Outcome, clean, crashed, describe, judge_any, recovery_window, restarts_agent,
 };
-use crash::explore::{Explored, Scenario, Snapshot, Transition, coverage, explore, scratch};
+use crash::explore::{
+    Covered, Explored, MODES, Scenario, Snapshot, Transition, coverage, explore, scratch,
+};
 use flexnode::sim::{PlannedCrash, SimNode, When};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -43,8 +45,8 @@ fn death(at: usize, when: When) -> PlannedCrash {
 /// What the crash runs found, over all scenarios.
 #[derive(Default)]
 struct Tally {
-    /// Deaths at an event of each transition (the one under way).
-    points: BTreeMap<Transition, usize>,
+    /// Deaths at an event of each transition (the one under way), per install mode.
+    points: BTreeMap<Covered, usize>,
     first: usize,
     second: usize,
     failures: Vec<String>,
@@ -71,9 +73,14 @@ async fn crash_scenario(explored: &Explored, k: usize, tally: &Mutex<Tally>) {
     let snapshot = &explored.snapshots[scenario.from];
     let clean: Clean = clean(snapshot, scenario).await;
     let working = working_restart(snapshot, scenario).await;
-    let ends: Vec<&Outcome> = std::iter::once(&clean.outcome)
-        .chain(working.as_ref())
-        .collect();
+    let ends: Vec<&Outcome> = [
+        Some(&clean.outcome),
+        clean.restarted.as_ref(),
+        working.as_ref(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
     let name = describe(snapshot, scenario);
     let started = Instant::now();
     let (mut first, mut second) = (0, 0);
@@ -87,7 +94,9 @@ async fn crash_scenario(explored: &Explored, k: usize, tally: &Mutex<Tally>) {
             {
                 let mut t = tally.lock().unwrap_or_else(|p| p.into_inner());
                 if let Some(transition) = under_way {
-                    *t.points.entry(transition.clone()).or_default() += 1;
+                    *t.points
+                        .entry((scenario.mode, transition.clone()))
+                        .or_default() += 1;
                 }
                 if let Err(e) = verdict {
                     eprintln!("FAILED {what}: {e}");
@@ -262,9 +271,14 @@ async fn real_deaths(explored: &Explored) -> (usize, Vec<String>) {
         let snapshot = &explored.snapshots[scenario.from];
         let clean = clean(snapshot, scenario).await;
         let working = working_restart(snapshot, scenario).await;
-        let ends: Vec<&Outcome> = std::iter::once(&clean.outcome)
-            .chain(working.as_ref())
-            .collect();
+        let ends: Vec<&Outcome> = [
+            Some(&clean.outcome),
+            clean.restarted.as_ref(),
+            working.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         let name = describe(snapshot, scenario);
         let commit = clean.events.iter().position(|(e, _)| e.is_commit());
         let middle = clean.events.len() / 2;
@@ -291,8 +305,8 @@ fn crash_at_every_boundary_of_every_transition() {
     let started = Instant::now();
     let explored = runtime().block_on(explore());
     println!(
-        "explored: {} runs, {} distinct nodes, {} scenarios for the table's {} transitions \
-         ({:.1} s)",
+        "explored: {} runs, {} distinct nodes, {} scenarios for the table's {} transitions in both \
+         install modes ({:.1} s)",
         explored.runs,
         explored.snapshots.len(),
         explored.scenarios.len(),
@@ -341,14 +355,11 @@ fn crash_at_every_boundary_of_every_transition() {
         tally.second,
         started.elapsed().as_secs_f64()
     );
+    println!("   host  container  transition");
     for t in &explored.table {
-        println!(
-            "  {:>5}  {} --{}--> {}",
-            tally.points.get(t).copied().unwrap_or(0),
-            t.0,
-            t.1,
-            t.2
-        );
+        let [host, container] =
+            MODES.map(|(m, _)| tally.points.get(&(m, t.clone())).copied().unwrap_or(0));
+        println!("  {host:>5}  {container:>9}  {} --{}--> {}", t.0, t.1, t.2);
     }
     for f in tally.failures.iter().take(40) {
         println!("FAILED {f}");

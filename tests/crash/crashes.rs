@@ -1,7 +1,7 @@
 //! A scenario run with deaths planned in it, and what must hold of every such run: it ends
 //! like the run without a death.
 
-use super::action::{Modifier, quiesce, run, stored_state};
+use super::action::{Action, Modifier, applies, quiesce, run, stored_state};
 use super::explore::{Scenario, Snapshot, Transition, last_seq, scratch, stored};
 use flexnode::effects::AGENT_UNIT;
 use flexnode::machine::result::ResultReason;
@@ -107,6 +107,9 @@ fn unpublished(node: &SimNode) -> Vec<String> {
 /// transition under way when it happened.
 pub struct Clean {
     pub outcome: Outcome,
+    /// The same end, then the daemon started again at rest: a death is a restart, and a start
+    /// at rest does work of its own (it removes the agent images nothing will run again).
+    pub restarted: Option<Outcome>,
     pub events: Vec<(Event, Option<Transition>)>,
 }
 
@@ -137,8 +140,25 @@ pub async fn clean(snapshot: &Snapshot, scenario: &Scenario) -> Clean {
     quiesce(&mut node)
         .await
         .unwrap_or_else(|e| panic!("quiescing {}: {e}", describe(snapshot, scenario)));
+    let outcome = Outcome::of(&node, calls);
+    let mut restarted = None;
+    if applies(&node, &stored_state(&node), Action::RestartDaemon) {
+        run(
+            &mut node,
+            Action::RestartDaemon,
+            &Modifier::None,
+            snapshot.depth + 1,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("restarting after {}: {e}", describe(snapshot, scenario)));
+        quiesce(&mut node)
+            .await
+            .unwrap_or_else(|e| panic!("quiescing {}: {e}", describe(snapshot, scenario)));
+        restarted = Some(Outcome::of(&node, calls));
+    }
     Clean {
-        outcome: Outcome::of(&node, calls),
+        outcome,
+        restarted,
         events,
     }
 }

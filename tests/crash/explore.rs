@@ -1,8 +1,9 @@
 //! Scenarios from the transition table: starting from a fresh node, every action (plain, with
 //! each host call it makes broken, and with a death after each intent it writes) is run on a
 //! copy of every distinct node reached, breadth first, until every labelled transition of the
-//! core's table (`flexnode::machine::table`) has been seen in the node's own journal. Each
-//! transition's scenario is the first (shortest) run that showed it.
+//! core's table (`flexnode::machine::table`) has been seen in the node's own journal, in each
+//! install mode. Each transition's scenario, per mode, is the first (shortest) run that
+//! showed it.
 
 use super::action::{Action, Claimed, Modifier, Observed, applies, fresh, run};
 use flexnode::machine::NodeState;
@@ -14,6 +15,23 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// A labelled transition: from, input, to (as `table::transitions` names them).
 pub type Transition = (String, String, String);
+
+/// The install modes, each explored to the whole table: the same transitions carry other
+/// effects in each (a slot or an image switched, a unit or a container restarted).
+pub const MODES: [(&str, InstallMode); 2] = [
+    ("host", InstallMode::Host),
+    ("container", InstallMode::Container),
+];
+
+/// A transition in an install mode (its name in [`MODES`]).
+pub type Covered = (&'static str, Transition);
+
+fn mode_name(mode: InstallMode) -> &'static str {
+    match mode {
+        InstallMode::Host => MODES[0].0,
+        InstallMode::Container => MODES[1].0,
+    }
+}
 
 /// A node reached by a sequence of actions, kept to start runs from.
 pub struct Snapshot {
@@ -31,6 +49,8 @@ pub struct Snapshot {
 pub struct Scenario {
     /// The snapshot it starts from.
     pub from: usize,
+    /// The node's install mode (a [`MODES`] name).
+    pub mode: &'static str,
     pub modifier: Modifier,
     pub action: Action,
     /// The transitions its journal shows, in order.
@@ -202,7 +222,12 @@ pub async fn explore() -> Explored {
     let mut seen = BTreeSet::from([key(&root.node, &stored(&root.node, 0))]);
     let mut snapshots = vec![root];
     let mut queue = VecDeque::from([0usize]);
-    let mut covered: BTreeSet<Transition> = BTreeSet::new();
+    let mut covered: BTreeSet<Covered> = BTreeSet::new();
+    let whole = |covered: &BTreeSet<Covered>| {
+        MODES
+            .iter()
+            .all(|(m, _)| table.iter().all(|t| covered.contains(&(*m, t.clone()))))
+    };
     let mut scenarios = Vec::new();
     let mut runs = 0;
     'explore: while let Some(from) = queue.pop_front() {
@@ -210,6 +235,11 @@ pub async fn explore() -> Explored {
             if !applies(&snapshots[from].node, &snapshots[from].state, action) {
                 continue;
             }
+            let mode = match action {
+                Action::Join(mode) => Some(mode),
+                _ => snapshots[from].state.node().map(|n| n.mode),
+            }
+            .map(mode_name);
             let mut modifiers = VecDeque::from([Modifier::None]);
             let mut tried = BTreeSet::new();
             while let Some(modifier) = modifiers.pop_front() {
@@ -217,10 +247,10 @@ pub async fn explore() -> Explored {
                 runs += 1;
                 if runs % 500 == 0 {
                     eprintln!(
-                        "exploring: {runs} runs, {} nodes, {} of {} transitions",
+                        "exploring: {runs} runs, {} nodes, {} of {} transitions in both modes",
                         snapshots.len(),
                         covered.len(),
-                        table.len()
+                        2 * table.len()
                     );
                 }
                 // A step's effects fail alike whichever of its calls fails: the first call of
@@ -240,10 +270,12 @@ pub async fn explore() -> Explored {
                 }
                 let transitions: Vec<Transition> =
                     after.transitions.iter().map(|(_, t)| t.clone()).collect();
-                if transitions.iter().any(|t| !covered.contains(t)) {
-                    covered.extend(transitions.iter().cloned());
+                let new = |t: &Transition| mode.is_some_and(|m| !covered.contains(&(m, t.clone())));
+                if let Some(mode) = mode.filter(|_| transitions.iter().any(new)) {
+                    covered.extend(transitions.iter().map(|t| (mode, t.clone())));
                     scenarios.push(Scenario {
                         from,
+                        mode,
                         modifier: modifier.clone(),
                         action,
                         transitions,
@@ -266,7 +298,7 @@ pub async fn explore() -> Explored {
                     });
                     queue.push_back(snapshots.len() - 1);
                 }
-                if table.is_subset(&covered) {
+                if whole(&covered) {
                     break 'explore;
                 }
             }
@@ -280,14 +312,11 @@ pub async fn explore() -> Explored {
     }
 }
 
-/// For each transition of the table, how many crash points struck while it was under way.
-pub fn coverage(
-    table: &BTreeSet<Transition>,
-    points: &BTreeMap<Transition, usize>,
-) -> Vec<Transition> {
-    table
+/// The transitions of the table, in each install mode, where no crash point struck.
+pub fn coverage(table: &BTreeSet<Transition>, points: &BTreeMap<Covered, usize>) -> Vec<Covered> {
+    MODES
         .iter()
-        .filter(|t| points.get(*t).copied().unwrap_or(0) == 0)
-        .cloned()
+        .flat_map(|(m, _)| table.iter().map(move |t| (*m, t.clone())))
+        .filter(|c| points.get(c).copied().unwrap_or(0) == 0)
         .collect()
 }
