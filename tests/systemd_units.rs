@@ -294,7 +294,8 @@ fn no_unit_is_more_exposed_than_recorded() {
     assert_eq!(seen.len(), sandbox::EXPOSURE.len(), "{seen:?}");
 }
 
-/// The measurement has teeth: a unit without a sandbox is far above every recorded exposure.
+/// The measurement has teeth: a unit without a sandbox is far above every sandboxed unit's
+/// recorded exposure (the host install's; the container install's units have none).
 #[test]
 fn an_unsandboxed_unit_is_measured_as_exposed() {
     let analyze = systemd_analyze();
@@ -304,6 +305,7 @@ fn an_unsandboxed_unit_is_measured_as_exposed() {
     let bare = exposure(&analyze, &path);
     let worst = sandbox::EXPOSURE
         .iter()
+        .filter(|(mode, _, _)| *mode == "host")
         .map(|(_, _, e)| *e)
         .fold(0.0, f64::max);
     assert!(bare > 9.0 && bare > worst, "bare unit: {bare}");

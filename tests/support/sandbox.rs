@@ -3,16 +3,17 @@
 //! raise, and what the host units' processes run with.
 
 /// `(mode, unit, exposure)`: the recorded overall exposure of each unit in `units/<mode>/`
-/// (before the sandbox: 9.6 each, the container install's agent 9.8).
+/// (before the sandbox: 9.6 each, the container install's agent 9.8; the container
+/// install's units are not sandboxed: `units/container/flexnode-agent.service`).
 pub const EXPOSURE: &[(&str, &str, f64)] = &[
     ("host", "flexnode-agent.service", 3.1),
     ("host", "flexnode-agent-recovery.service", 3.1),
     ("host", "flexnode-reset.service", 3.1),
     ("host", "flexnode-bootstrap.service", 3.2),
-    ("container", "flexnode-agent.service", 1.5),
-    ("container", "flexnode-agent-recovery.service", 1.4),
-    ("container", "flexnode-reset.service", 1.4),
-    ("container", "flexnode-bootstrap.service", 2.2),
+    ("container", "flexnode-agent.service", 9.8),
+    ("container", "flexnode-agent-recovery.service", 9.6),
+    ("container", "flexnode-reset.service", 9.6),
+    ("container", "flexnode-bootstrap.service", 9.6),
 ];
 
 /// The recorded exposure of `unit` in `mode`.
