@@ -10,6 +10,27 @@ use std::fmt::Write as _;
 /// Bumped on any incompatible change of the JSON/YAML shape.
 pub const STATUS_API_VERSION: &str = "flexnode.io/v1alpha1";
 pub const STATUS_KIND: &str = "NodeStatus";
+pub const HISTORY_KIND: &str = "NodeHistory";
+
+/// `flexnode history -o json|yaml`: the newest journal entries, oldest first, under the same
+/// versioned envelope as the status.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HistoryReport {
+    pub api_version: &'static str,
+    pub kind: &'static str,
+    pub entries: Vec<JournalEntry>,
+}
+
+impl HistoryReport {
+    pub fn new(entries: Vec<JournalEntry>) -> Self {
+        Self {
+            api_version: STATUS_API_VERSION,
+            kind: HISTORY_KIND,
+            entries,
+        }
+    }
+}
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]

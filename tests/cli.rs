@@ -84,7 +84,9 @@ async fn history_prints_the_whole_journal_without_secrets() {
         &flexnode(&["--state", &store, "history", "-o", "json", "--limit", "2"]).stdout,
     )
     .expect("json");
-    assert_eq!(json.as_array().map(Vec::len), Some(2));
+    assert_eq!(json["apiVersion"], "flexnode.io/v1alpha1");
+    assert_eq!(json["kind"], "NodeHistory");
+    assert_eq!(json["entries"].as_array().map(Vec::len), Some(2));
 }
 
 #[test]
@@ -306,4 +308,51 @@ async fn run_in_root_reports_a_failure_with_its_stderr() {
     .await
     .expect_err("timed out");
     assert!(err.to_string().contains("did not finish within"), "{err}");
+}
+
+/// The printed bash script is the checked-in one, and bash completes with it: `flexnode op c`
+/// offers `create`, `flexnode status --output ` offers the formats.
+#[test]
+fn completions_complete_in_bash() {
+    let out = flexnode(&["completions", "bash"]);
+    assert!(out.status.success());
+    let checked_in = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/completions/flexnode.bash"
+    ))
+    .expect("completions/flexnode.bash");
+    assert!(
+        out.stdout == checked_in,
+        "completions/flexnode.bash is stale"
+    );
+    let dir = tempfile::tempdir().expect("tmp");
+    let script = dir.path().join("flexnode.bash");
+    std::fs::write(&script, &out.stdout).expect("write the script");
+    let complete = |words: &str| {
+        let probe = format!(
+            "source {}; COMP_WORDS=({words}); COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1)); \
+             _flexnode flexnode \"${{COMP_WORDS[-1]}}\" \"${{COMP_WORDS[-2]}}\"; \
+             printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+            script.display()
+        );
+        let out = Command::new("bash")
+            .args(["-c", &probe])
+            .output()
+            .expect("run bash");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text(&out)
+    };
+    assert!(complete("flexnode op c").lines().any(|l| l == "create"));
+    let formats = complete("flexnode status --output ''");
+    assert!(formats.lines().any(|l| l == "json"), "{formats}");
+    let out = flexnode(&["completions", "tcsh"]);
+    assert_eq!(
+        out.status.code(),
+        Some(64),
+        "an unknown shell is a usage error"
+    );
 }

@@ -227,3 +227,67 @@ fn no_source_file_is_over_700_lines() {
         );
     }
 }
+
+#[test]
+fn completions_and_man_pages_match_the_command_line() {
+    let files = flexnode::cli::generated::files().expect("generate");
+    let mut want: Vec<&str> = files.iter().map(|(p, _)| p.as_str()).collect();
+    for (path, contents) in &files {
+        assert!(
+            repo(path).as_bytes() == contents.as_slice(),
+            "{path} is stale: run `cargo run --bin crdgen`"
+        );
+    }
+    // Nothing checked in that the code no longer makes (a removed command's page).
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut have: Vec<String> = ["completions", "man"]
+        .iter()
+        .flat_map(|d| {
+            std::fs::read_dir(root.join(d))
+                .unwrap_or_else(|e| panic!("read {d}/: {e}"))
+                .map(move |e| format!("{d}/{}", e.expect("entry").file_name().to_string_lossy()))
+        })
+        .collect();
+    have.sort();
+    want.sort();
+    assert_eq!(
+        have, want,
+        "run `cargo run --bin crdgen` and remove what it no longer writes"
+    );
+    // A page per command an operator types, the nested ones included.
+    for page in [
+        "man/flexnode.1",
+        "man/flexnode-status.1",
+        "man/flexnode-op-create.1",
+    ] {
+        assert!(want.contains(&page), "{page} missing: {want:?}");
+    }
+}
+
+/// docs/cli.md has a row for every exit status a command ends with.
+#[test]
+fn cli_doc_lists_every_exit_status() {
+    use flexnode::cli::{EXIT_CONFIG, EXIT_NO_STORE, EXIT_TIMEOUT, EXIT_USAGE};
+    let doc = repo("docs/cli.md");
+    // The first cell of each table row: `| 126, 127 | …` documents both.
+    let documented: Vec<u8> = doc
+        .lines()
+        .filter_map(|l| l.strip_prefix("| ")?.split(" |").next())
+        .flat_map(|cell| cell.split(", ").filter_map(|c| c.parse().ok()))
+        .collect();
+    for code in [
+        0,
+        1,
+        EXIT_NO_STORE,
+        EXIT_TIMEOUT,
+        EXIT_USAGE,
+        EXIT_CONFIG,
+        126,
+        127,
+    ] {
+        assert!(
+            documented.contains(&code),
+            "docs/cli.md has no row for exit status {code}"
+        );
+    }
+}

@@ -80,6 +80,25 @@ impl Case<'_> {
             .collect()
     }
 
+    /// Remounts /etc in the running agent's mount namespace `ro` or `rw`.
+    fn agent_etc(&self, mode: &str) {
+        let out = self.run(&[
+            "systemctl",
+            "show",
+            "-p",
+            "MainPID",
+            "--value",
+            "flexnode-agent",
+        ]);
+        let pid = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert!(
+            pid.parse::<u32>().is_ok_and(|p| p > 0),
+            "the agent's PID: {pid:?}"
+        );
+        let remount = format!("remount,bind,{mode}");
+        self.ok(&["nsenter", "-t", &pid, "-m", "mount", "-o", &remount, "/etc"]);
+    }
+
     fn stop(&self) {
         self.ok(&["systemctl", "stop", "flexnode-agent"]);
     }
@@ -276,7 +295,7 @@ impl Case<'_> {
         assert_eq!(s.message.as_deref(), Some("NodeReboot completed"));
         let out = self.run(&[FLEXNODE, "history", "-o", "json", "--limit", "1000"]);
         let journal: serde_json::Value = serde_json::from_slice(&out.stdout).expect("history");
-        let claims = journal
+        let claims = journal["entries"]
             .as_array()
             .expect("entries")
             .iter()
@@ -431,9 +450,13 @@ async fn a_bad_environment_is_refused_reported_and_mended() {
     std::fs::write(&config, &kept).expect("restore the config");
     c.start();
 
-    // /etc read-only: a NodeReboot waits (Pending, told why), runs once /etc is writable.
+    // /etc read-only: a NodeReboot waits (Pending, told why), runs once /etc is writable. The
+    // agent's sandbox gives it a mount of /etc of its own (`ReadWritePaths=`), which a
+    // read-only bind in the host's namespace does not reach (the agent could still write), so
+    // both views are made read-only: the host's for `join` and `status`, the agent's for it.
     c.ok(&["mount", "--bind", "/etc", "/etc"]);
     c.ok(&["mount", "-o", "remount,bind,ro", "/etc"]);
+    c.agent_etc("ro");
     let before = c.machine_events("EtcReadOnly").await;
     c.reboot("reboot-etc").await;
     c.machine_fault("EtcReadOnly", before).await;
@@ -448,6 +471,7 @@ async fn a_bad_environment_is_refused_reported_and_mended() {
     );
     let cleared = c.machine_events("FaultCleared").await;
     c.ok(&["umount", "/etc"]);
+    c.agent_etc("rw");
     c.ran_once("reboot-etc").await;
     c.machine_cleared(cleared).await;
 

@@ -228,6 +228,63 @@ async fn op_creates_lists_gets_and_waits() {
     );
     let all = op(kc, &["list"]).await;
     assert!(all.stdout.contains("selector:site=a,tier=edge"), "{all:?}");
+    for format in ["json", "yaml"] {
+        let r = op(kc, &["list", "--node", "ghost-01", "-o", format]).await;
+        assert_eq!(r.code, Some(0), "{r:?}");
+        assert!(!r.all().contains("TOKEN123SAS"), "{format}: {r:?}");
+        let v: serde_json::Value = if format == "json" {
+            serde_json::from_str(&r.stdout).expect("JSON")
+        } else {
+            serde_saphyr::from_str(&r.stdout).expect("YAML")
+        };
+        assert_eq!(v["kind"], "List", "{format}: {v}");
+        let names: Vec<&str> = v["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .filter_map(|o| o["metadata"]["name"].as_str())
+            .collect();
+        assert_eq!(names.len(), 3, "{format}: {names:?}");
+        assert!(names.contains(&"r-ghost"), "{format}: {names:?}");
+    }
+
+    // As a kubectl plugin: `kubectl flexnode …` runs it (found on PATH as kubectl-flexnode)
+    // and its usage names the command as typed.
+    let plugins = tempfile::tempdir().expect("tmp");
+    std::os::unix::fs::symlink(
+        env!("CARGO_BIN_EXE_flexnode"),
+        plugins.path().join("kubectl-flexnode"),
+    )
+    .expect("install the plugin");
+    let path = format!(
+        "{}:{}",
+        plugins.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let kubectl = |args: &[&str]| {
+        let out = std::process::Command::new(lab.bin().join("kubectl"))
+            .args(args)
+            .env("PATH", &path)
+            .env("KUBECONFIG", kc)
+            .output()
+            .expect("run kubectl");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), text)
+    };
+    let (code, text) = kubectl(&["plugin", "list"]);
+    assert!(
+        code == Some(0) && text.contains("kubectl-flexnode"),
+        "{text}"
+    );
+    let (code, text) = kubectl(&["flexnode", "op", "list", "--node", "ghost-01"]);
+    assert!(code == Some(0) && text.contains("r-ghost"), "{text}");
+    let (code, text) = kubectl(&["flexnode", "op", "list", "--bogus"]);
+    assert_eq!(code, Some(64), "{text}");
+    assert!(text.contains("Usage: kubectl flexnode op list"), "{text}");
 
     // Missing object; unreachable kubeconfig.
     let r = op(kc, &["get", "nope"]).await;

@@ -205,7 +205,7 @@ class HostMode:
         return self.lab.wait_agent(timeout)
 
     def history(self):
-        return json.loads(self.lab.sh("/opt/flexnode/bin/flexnode history -o json --limit 100000", 120))
+        return json.loads(self.lab.sh("/opt/flexnode/bin/flexnode history -o json --limit 100000", 120))["entries"]
 
     def before_upgrade(self):
         f = self.lab.facts()
@@ -275,7 +275,7 @@ class ContainerMode:
         return self.suite.wait_agent(timeout)
 
     def history(self):
-        return json.loads(self.lab.agent_cli("history -o json --limit 100000"))
+        return json.loads(self.lab.agent_cli("history -o json --limit 100000"))["entries"]
 
     def before_upgrade(self):
         f = self.suite.wait_agent(120)

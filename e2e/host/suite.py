@@ -162,7 +162,7 @@ class Suite(SuiteBase, NodeChecks, SecurityChecks):
             need(node.get("installMode") == "host", "status node.installMode %r" % node.get("installMode"))
             human = lab.sh("/opt/flexnode/bin/flexnode status")
             need(lab.node in human, "human status does not name the node:\n" + human)
-            hist = json.loads(lab.sh("/opt/flexnode/bin/flexnode history -o json --limit 1000"))
+            hist = json.loads(lab.sh("/opt/flexnode/bin/flexnode history -o json --limit 1000"))["entries"]
             need(isinstance(hist, list) and hist, "flexnode history -o json is empty: %r" % hist)
             need(any("Join(%s host)" % lab.node in (e.get("input") or "") for e in hist),
                  "the journal has no Join(%s host) transition: %s" % (lab.node, [e.get("input") for e in hist][:8]))
@@ -416,8 +416,8 @@ class Suite(SuiteBase, NodeChecks, SecurityChecks):
                  "status node.%s %r -> %r" % (k, (st0.get("node") or {}).get(k), (st.get("node") or {}).get(k)))
         need((st.get("lastResult") or {}).get("operation") == (st0.get("lastResult") or {}).get("operation"),
              "lastResult changed across the reboot")
-        seqs0 = {e.get("seq") for e in json.loads(hist0)}
-        seqs = {e.get("seq") for e in json.loads(lab.sh("/opt/flexnode/bin/flexnode history --limit 1000 -o json"))}
+        seqs0 = {e.get("seq") for e in json.loads(hist0)["entries"]}
+        seqs = {e.get("seq") for e in json.loads(lab.sh("/opt/flexnode/bin/flexnode history --limit 1000 -o json"))["entries"]}
         need(seqs0 <= seqs, "journal entries lost across the reboot")
         wait_until("kube1 active after the reboot",
                    lambda: lab.facts().get("kube1.ActiveState") == "active", 300, 3)

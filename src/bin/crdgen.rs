@@ -1,5 +1,6 @@
-//! Writes the generated files: the CRDs into `manifests/crds/` and the state diagram into
-//! `docs/design.md`. Tests fail when either drifts from the code.
+//! Writes the generated files: the CRDs into `manifests/crds/`, the state diagram into
+//! `docs/design.md`, the shell completions and man pages into `completions/` and `man/`
+//! (`flexnode::cli::generated`). Tests fail when any drifts from the code.
 
 use std::path::Path;
 
@@ -13,6 +14,14 @@ fn main() -> anyhow::Result<()> {
     for (name, yaml) in flexnode::api::crds()? {
         std::fs::write(dir.join(&name), yaml)?;
         println!("wrote manifests/crds/{name}");
+    }
+    for (path, contents) in flexnode::cli::generated::files()? {
+        let path = root.join(path);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(&path, contents)?;
+        println!("wrote {}", path.strip_prefix(root)?.display());
     }
     let design = root.join("docs/design.md");
     let doc = std::fs::read_to_string(&design)?;

@@ -1,8 +1,8 @@
 //! The command line: each command, and the module that runs it (`cli/<command>.rs`).
 
-use super::{Output, daemon, host_exec, ignition, join, op, recover, reset, status};
+use super::{Output, daemon, generated, host_exec, ignition, join, op, recover, reset, status};
 use crate::store;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -82,6 +82,11 @@ pub enum Command {
     },
     /// Create and inspect MachineOperations.
     Op(op::command::OpArgs),
+    /// Print the shell completion script for SHELL (also in the repository's completions/).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// Print the version.
     Version,
 }
@@ -97,9 +102,29 @@ impl Command {
             | Self::Op(_)
             | Self::Ignition { .. }
             | Self::HostExec { .. }
+            | Self::Completions { .. }
             | Self::Version => false,
         }
     }
+}
+
+/// The name kubectl finds a plugin by on PATH: installed under it (a link is enough),
+/// `kubectl flexnode …` runs this binary.
+pub const KUBECTL_PLUGIN: &str = "kubectl-flexnode";
+
+/// The command line of this process. Run as the kubectl plugin, usage and help name the
+/// command as the operator typed it (`kubectl flexnode`).
+pub fn parse() -> Result<Cli, clap::Error> {
+    let as_plugin = std::env::args_os().next().is_some_and(|arg0| {
+        std::path::Path::new(&arg0)
+            .file_name()
+            .is_some_and(|n| n == KUBECTL_PLUGIN)
+    });
+    let mut cmd = Cli::command();
+    if as_plugin {
+        cmd = cmd.bin_name("kubectl flexnode");
+    }
+    Cli::from_arg_matches(&cmd.try_get_matches()?)
 }
 
 pub fn run(cli: Cli) -> ExitCode {
@@ -107,6 +132,16 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Version => {
             println!("flexnode {}", crate::VERSION);
             ExitCode::SUCCESS
+        }
+        Command::Completions { shell } => {
+            use std::io::Write;
+            match std::io::stdout().write_all(&generated::completion(shell)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("flexnode: cannot write the completion script: {e}");
+                    ExitCode::FAILURE
+                }
+            }
         }
         Command::Status { output } => status::status(&cli.state, output),
         Command::History { limit, output } => status::history(&cli.state, limit, output),

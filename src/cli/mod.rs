@@ -5,6 +5,7 @@
 
 pub mod command;
 pub mod daemon;
+pub mod generated;
 pub mod host_exec;
 pub mod ignition;
 pub mod join;

@@ -9,7 +9,7 @@ use crate::config::CONFIG_PATH;
 use crate::effects::AGENT_UNIT;
 use crate::machine::fault::{Fault, Problem};
 use crate::reconcile::health;
-use crate::report::{self, StatusReport};
+use crate::report::{self, HistoryReport, StatusReport};
 use crate::store::{StoreError, StoreReader};
 use std::path::Path;
 use std::process::ExitCode;
@@ -30,8 +30,8 @@ pub fn history(state: &Path, limit: i64, output: Output) -> ExitCode {
                 .iter()
                 .map(|e| report::journal_line(e) + "\n")
                 .collect(),
-            Output::Json => json(&entries),
-            Output::Yaml => yaml(&entries),
+            Output::Json => json(&HistoryReport::new(entries)),
+            Output::Yaml => yaml(&HistoryReport::new(entries)),
         })
     })
 }

@@ -57,7 +57,7 @@ pub fn host_store_account(host: &HostNode) -> StoreAccount {
     };
     let flexnode = "/opt/flexnode/bin/flexnode";
     let history = run(&[flexnode, "history", "--limit", "100000", "-o", "json"]);
-    let journal = history
+    let journal = history["entries"]
         .as_array()
         .expect("a list")
         .iter()

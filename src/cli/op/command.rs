@@ -25,6 +25,8 @@ pub enum OpCommand {
         /// Only operations addressed to this node by name.
         #[arg(long, value_name = "NAME")]
         node: Option<String>,
+        #[arg(long, short, value_enum, default_value_t = Output::Human)]
+        output: Output,
     },
     /// Show one MachineOperation.
     Get {
@@ -47,9 +49,9 @@ async fn dispatch(args: OpArgs) -> Result<ExitCode, Failure> {
             let api = ops(kubeconfig).await?;
             create::create(api, plan).await
         }
-        OpCommand::List { node } => {
+        OpCommand::List { node, output } => {
             let api = ops(kubeconfig).await?;
-            show::list(api, node.as_deref()).await
+            show::list(api, node.as_deref(), output).await
         }
         OpCommand::Get { name, output } => {
             let api = ops(kubeconfig).await?;

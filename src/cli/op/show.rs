@@ -14,12 +14,20 @@ use std::process::ExitCode;
 pub(super) async fn list(
     api: Api<MachineOperation>,
     node: Option<&str>,
+    output: Output,
 ) -> Result<ExitCode, Failure> {
     let mut lp = ListParams::default();
     if let Some(node) = node {
         lp = lp.fields(&format!("spec.machineRef={node}"));
     }
     let items = api.list(&lp).await.map_err(|e| api_failure(&e))?.items;
+    if output != Output::Human {
+        // kubectl's shape for a list of objects, each redacted as `op get` shows it.
+        let items = items.iter().map(redacted).collect::<Result<Vec<_>, _>>()?;
+        let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
+        print!("{}", render(&list, output)?);
+        return Ok(ExitCode::SUCCESS);
+    }
     if items.is_empty() {
         eprintln!("No resources found.");
         return Ok(ExitCode::SUCCESS);
@@ -162,20 +170,20 @@ pub(super) async fn get(
     };
     let text = match output {
         Output::Human => human(&op),
-        Output::Json => {
-            let v = redacted(&op)?;
-            serde_json::to_string_pretty(&v)
-                .map(|s| s + "\n")
-                .map_err(|e| Failure::failed(format!("cannot render JSON: {e}")))?
-        }
-        Output::Yaml => {
-            let v = redacted(&op)?;
-            serde_saphyr::to_string(&v)
-                .map_err(|e| Failure::failed(format!("cannot render YAML: {e}")))?
-        }
+        Output::Json | Output::Yaml => render(&redacted(&op)?, output)?,
     };
     print!("{text}");
     Ok(ExitCode::SUCCESS)
+}
+
+fn render(v: &serde_json::Value, output: Output) -> Result<String, Failure> {
+    match output {
+        Output::Yaml => serde_saphyr::to_string(v)
+            .map_err(|e| Failure::failed(format!("cannot render YAML: {e}"))),
+        Output::Json | Output::Human => serde_json::to_string_pretty(v)
+            .map(|s| s + "\n")
+            .map_err(|e| Failure::failed(format!("cannot render JSON: {e}"))),
+    }
 }
 
 /// `op get`'s human form. Public for the property tests of secrets (`tests/url_secrets.rs`).
