@@ -583,6 +583,7 @@ fn agents(strategy: &str) {
                 operations: strategy,
                 counters: Arc::new(WatchCounters::default()),
                 etc: None,
+                metrics: None,
             };
             counters.push(config.counters.clone());
             let store = tempfile::tempdir_in(&dir).expect("the agent's directory");

@@ -164,7 +164,7 @@ _flexnode() {
             return 0
             ;;
         flexnode__subcmd__daemon)
-            opts="-h --config --node --kubeconfig --simulated-host --tick-ms --state --help"
+            opts="-h --config --node --kubeconfig --simulated-host --tick-ms --metrics-address --state --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -183,6 +183,10 @@ _flexnode() {
                     return 0
                     ;;
                 --tick-ms)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --metrics-address)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -43,6 +43,7 @@ complete -c flexnode -n "__fish_flexnode_using_subcommand daemon" -l config -d '
 complete -c flexnode -n "__fish_flexnode_using_subcommand daemon" -l node -d 'With `--simulated-host`: this node\'s name (= the Kubernetes Node and the Machine)' -r
 complete -c flexnode -n "__fish_flexnode_using_subcommand daemon" -l kubeconfig -d 'With `--simulated-host`: the agent\'s credential' -r -F
 complete -c flexnode -n "__fish_flexnode_using_subcommand daemon" -l tick-ms -d 'How often deadlines, TTLs and waiting work are looked at, in milliseconds' -r
+complete -c flexnode -n "__fish_flexnode_using_subcommand daemon" -l metrics-address -d 'Serve Prometheus metrics at http://ADDR/metrics (loopback only; overrides the configuration\'s `metricsAddress`)' -r
 complete -c flexnode -n "__fish_flexnode_using_subcommand daemon" -l state -d 'The node\'s state store' -r -F
 complete -c flexnode -n "__fish_flexnode_using_subcommand daemon" -l simulated-host -d 'Run against an in-memory simulated host (labs and demos): units, machines and agent builds are simulated; the store and the API server are real'
 complete -c flexnode -n "__fish_flexnode_using_subcommand daemon" -s h -l help -d 'Print help'

@@ -17,6 +17,7 @@ pub mod effects;
 pub mod exec;
 pub mod ignition;
 pub mod machine;
+pub mod metrics;
 pub mod reconcile;
 pub mod report;
 pub mod sim;

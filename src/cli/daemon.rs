@@ -34,6 +34,14 @@ pub struct DaemonArgs {
     /// How often deadlines, TTLs and waiting work are looked at, in milliseconds.
     #[arg(long, default_value_t = 2000)]
     pub tick_ms: u64,
+    /// Serve Prometheus metrics at http://ADDR/metrics (loopback only; overrides the
+    /// configuration's `metricsAddress`).
+    #[arg(long, value_name = "ADDR", value_parser = metrics_address)]
+    pub metrics_address: Option<std::net::SocketAddr>,
+}
+
+fn metrics_address(text: &str) -> Result<std::net::SocketAddr, String> {
+    crate::config::metrics_address(text).map_err(|e| e.message)
 }
 
 pub fn run(state: &Path, args: DaemonArgs) -> ExitCode {
@@ -117,6 +125,7 @@ async fn on_host(state: &Path, args: &DaemonArgs) -> Result<(), Failure> {
             node_name: config.node_name,
             tick,
             etc: Some(wiring::on_host("/etc")),
+            metrics: args.metrics_address.or(config.metrics_address),
             ..Default::default()
         },
         client,
@@ -155,6 +164,7 @@ async fn simulated(state: &Path, args: &DaemonArgs) -> anyhow::Result<()> {
     let config = DaemonConfig {
         node_name: node.clone(),
         tick: Duration::from_millis(args.tick_ms.max(100)),
+        metrics: args.metrics_address,
         ..Default::default()
     };
     loop {

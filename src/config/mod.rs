@@ -76,6 +76,10 @@ pub struct ConfigFile {
     pub sandbox_image: Option<String>,
     #[serde(default, rename = "podCIDR", skip_serializing_if = "Option::is_none")]
     pub pod_cidr: Option<String>,
+    /// Where the daemon serves Prometheus metrics (`127.0.0.1:9464`); loopback only, off
+    /// when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_address: Option<String>,
 }
 
 /// A validated configuration: every field usable as is.
@@ -93,6 +97,8 @@ pub struct Config {
     pub agent_image: Option<AgentImage>,
     /// What the machines' kubelet runs from; `None`: machines without a kubelet.
     pub node: Option<NodeConfig>,
+    /// Where the daemon serves metrics; `None`: not served.
+    pub metrics_address: Option<std::net::SocketAddr>,
 }
 
 /// The kubelet's side of the configuration.
@@ -180,6 +186,7 @@ impl Config {
                 .map(|_| PathBuf::from(BOOTSTRAP_TOKEN_PATH)),
             sandbox_image: self.node.as_ref().map(|n| n.sandbox_image.clone()),
             pod_cidr: self.node.as_ref().map(|n| n.pod_cidr.clone()),
+            metrics_address: self.metrics_address.map(|a| a.to_string()),
         }
     }
 }
@@ -269,6 +276,11 @@ impl ConfigFile {
                 ));
             }
         }
+        let metrics_address = self
+            .metrics_address
+            .as_deref()
+            .map(metrics_address)
+            .transpose()?;
         Ok(Config {
             node_name,
             kubeconfig,
@@ -278,8 +290,29 @@ impl ConfigFile {
             registry_credentials_file: self.registry_credentials_file,
             agent_image,
             node,
+            metrics_address,
         })
     }
+}
+
+/// `metricsAddress`: `IP:PORT` on a loopback address. The metrics name operations and
+/// transitions of the node: they are for a collector on the node, not for the network.
+pub fn metrics_address(text: &str) -> Result<std::net::SocketAddr, ConfigError> {
+    let addr: std::net::SocketAddr = text.parse().map_err(|_| {
+        bad(
+            "metricsAddress",
+            format!("{text:?} is not IP:PORT (for example 127.0.0.1:9464)"),
+        )
+    })?;
+    if !addr.ip().is_loopback() {
+        return Err(bad(
+            "metricsAddress",
+            format!(
+                "{addr} is not a loopback address: metrics are served on the node only                  (127.0.0.1:PORT or [::1]:PORT); a collector elsewhere scrapes through one on                  the node"
+            ),
+        ));
+    }
+    Ok(addr)
 }
 
 /// The kubelet's settings come with `nodeImages` or not at all; the goal's version must have

@@ -416,3 +416,47 @@ fn a_kubeconfig_that_skips_tls_verification_is_refused() {
         );
     }
 }
+
+#[test]
+fn metrics_are_served_on_loopback_only() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let kc = kubeconfig(dir.path(), 0o600);
+    let with = |addr: &str| {
+        Config::parse(
+            &format!(
+                "kubeconfig: {}\nkubernetesVersion: v1.34.12\nmetricsAddress: \"{addr}\"\n",
+                kc.display()
+            ),
+            "host-a",
+        )
+    };
+    let c = with("127.0.0.1:9464").expect("loopback");
+    assert_eq!(
+        c.metrics_address,
+        Some("127.0.0.1:9464".parse().expect("addr"))
+    );
+    assert_eq!(
+        c.rendered().metrics_address.as_deref(),
+        Some("127.0.0.1:9464")
+    );
+    assert!(with("[::1]:9464").is_ok());
+    for (addr, says) in [
+        ("0.0.0.0:9464", "not a loopback address"),
+        ("10.0.2.15:9464", "not a loopback address"),
+        ("localhost:9464", "is not IP:PORT"),
+        ("127.0.0.1", "is not IP:PORT"),
+    ] {
+        let e = with(addr).expect_err(addr);
+        assert_eq!(e.setting, "metricsAddress", "{addr}");
+        assert!(e.message.contains(says), "{addr}: {e}");
+    }
+    let c = Config::parse(
+        &format!(
+            "kubeconfig: {}\nkubernetesVersion: v1.34.12\n",
+            kc.display()
+        ),
+        "host-a",
+    )
+    .expect("valid");
+    assert_eq!(c.metrics_address, None, "off by default");
+}

@@ -132,7 +132,10 @@ where
             Write::Put(next) => next,
         };
         match api.replace_status(name, &pp, &next).await {
-            Ok(written) => return Ok(Some(written)),
+            Ok(written) => {
+                crate::metrics::api_contact();
+                return Ok(Some(written));
+            }
             Err(e) if is_conflict(&e) => continue,
             Err(e) => return Err(WriteError::Api(api_error(e))),
         }

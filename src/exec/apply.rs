@@ -316,6 +316,13 @@ where
             .await?;
         self.store
             .mark_published(&op.uid, self.clock.now())
-            .map_err(store_failed)
+            .map_err(store_failed)?;
+        let kind = if stored.kind.is_empty() {
+            "Unknown"
+        } else {
+            &stored.kind
+        };
+        crate::metrics::operation_finished(kind, stored.result.reason.as_str());
+        Ok(())
     }
 }

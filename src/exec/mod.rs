@@ -160,6 +160,7 @@ where
                 }
                 continue;
             }
+            let began = std::time::Instant::now();
             let seq = self.store.begin_step_superseding(
                 &from,
                 &next_input,
@@ -178,6 +179,12 @@ where
                 let outcome = self.run_effects(&next.effects, None).await;
                 self.record_outcome(seq, &next.next, outcome, "")?;
             }
+            crate::metrics::transition(
+                &crate::machine::table::label(&from),
+                next_input.name(),
+                &crate::machine::table::label(&next.next),
+                began.elapsed().as_secs_f64(),
+            );
         }
     }
 

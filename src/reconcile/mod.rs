@@ -6,6 +6,7 @@ pub mod address;
 pub mod clock;
 pub mod health;
 pub mod liveness;
+pub mod metrics;
 pub mod owner;
 pub mod watch;
 

@@ -38,6 +38,8 @@ pub struct DaemonConfig {
     /// The host's `/etc` as the daemon reaches it: while it is read-only no new work starts
     /// (src/reconcile/health.rs). `None`: not looked at (a simulated host).
     pub etc: Option<std::path::PathBuf>,
+    /// Where Prometheus metrics are served (`metricsAddress`, loopback only); `None`: off.
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 impl Default for DaemonConfig {
@@ -49,6 +51,7 @@ impl Default for DaemonConfig {
             operations: OperationWatch::default(),
             counters: Arc::default(),
             etc: None,
+            metrics: None,
         }
     }
 }
@@ -100,6 +103,17 @@ where
     C: Containerd,
     H: Host,
 {
+    // Served from the start, so a daemon waiting out a bad environment can be watched too.
+    let _metrics = match config.metrics {
+        Some(addr) => match super::metrics::serve(addr).await {
+            Ok(task) => Some(AbortOnDrop(vec![task.abort_handle()])),
+            Err(e) => {
+                tracing::warn!(%addr, error = %e, "metrics are not served: the address cannot be bound");
+                None
+            }
+        },
+        None => None,
+    };
     let mut owner = Owner {
         runner,
         client: client.clone(),

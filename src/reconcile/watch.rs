@@ -129,9 +129,11 @@ impl Link {
     /// A list completed: the watch is whole again.
     fn listed(&mut self) {
         count(&self.counters.lists);
+        crate::metrics::api_contact();
         self.backoff.reset();
         if let Some((since, failures)) = self.away.take() {
             count(&self.counters.resyncs);
+            crate::metrics::watch_reconnected(self.watch);
             self.counters.away.fetch_sub(1, Ordering::Relaxed);
             self.counters.back.notify_waiters();
             tracing::info!(
@@ -146,6 +148,7 @@ impl Link {
 
     /// A change arrived on an established watch.
     fn progressed(&mut self) {
+        crate::metrics::api_contact();
         self.backoff.reset();
     }
 }

@@ -264,7 +264,7 @@ impl Store {
             tx.prepare_cached("UPDATE journal SET outcome = 'ok', outcome_at = ?2 WHERE seq = ?1")?
                 .execute(params![seq, now.millis()])?;
         }
-        tx.commit()?;
+        commit(tx)?;
         Ok(seq)
     }
 
@@ -289,7 +289,7 @@ impl Store {
              WHERE id = 1 AND pending_seq = ?1",
         )?
         .execute(params![seq, report])?;
-        tx.commit()?;
+        commit(tx)?;
         Ok(())
     }
 
@@ -482,6 +482,14 @@ fn create(path: &Path) -> Result<(), StoreError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| StoreError::io(dir, e))
+}
+
+/// Commits a step's transaction, timed for `flexnode_store_commit_duration_seconds`.
+fn commit(tx: rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
+    let began = std::time::Instant::now();
+    tx.commit()?;
+    crate::metrics::store_committed(began.elapsed().as_secs_f64());
+    Ok(())
 }
 
 fn sidecar(path: &Path, suffix: &str) -> PathBuf {

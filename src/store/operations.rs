@@ -10,6 +10,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredResult {
     pub op: OpRef,
+    /// The operation's kind as claimed; empty for one refused before its claim was stored.
+    pub kind: String,
     pub result: OpResult,
     pub completed_at: Timestamp,
     pub published_at: Option<Timestamp>,
@@ -27,7 +29,7 @@ fn reason_from(column: usize, s: &str) -> rusqlite::Result<ResultReason> {
 }
 
 const SELECT: &str = "SELECT uid, name, result_reason, result_message, started_at, completed_at,
-    machine_generation, published_at FROM operations WHERE result_reason IS NOT NULL";
+    machine_generation, published_at, kind FROM operations WHERE result_reason IS NOT NULL";
 
 fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StoredResult> {
     let reason: String = r.get(2)?;
@@ -36,6 +38,7 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StoredResult> {
             uid: r.get(0)?,
             name: r.get(1)?,
         },
+        kind: r.get(8)?,
         result: OpResult {
             reason: reason_from(2, &reason)?,
             message: r.get(3)?,

@@ -1,0 +1,174 @@
+//! The daemon's Prometheus metrics, scraped over HTTP from a daemon that ran an operation
+//! against a real kube-apiserver (simulated host), and checked by the linter `promtool check
+//! metrics` runs (e2e/promlint, built from its Go module).
+
+mod support;
+
+use flexnode::api::MachineOperation;
+use flexnode::api::machine_operation::OperationPhase;
+use flexnode::machine::agent::InstallMode;
+use flexnode::reconcile::DaemonConfig;
+use kube::api::{Api, PostParams};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use support::agent::{
+    Agent, admin, agent_client, apply_rbac, create_node_and_machine, node_reboot,
+};
+use support::{Lab, wait_for};
+
+const NODE: &str = "metrics-1";
+
+/// A loopback port nothing listens on now.
+fn free_port() -> std::net::SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr")
+}
+
+async fn get(url: &str) -> (u16, String, String) {
+    flexnode::effects::http::ensure_crypto_provider();
+    let r = reqwest::get(url).await.expect("GET");
+    let status = r.status().as_u16();
+    let content_type = r
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    (status, content_type, r.text().await.expect("body"))
+}
+
+/// The value of the sample `series` (name and labels exactly as rendered).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+fn promlint(text: &str) -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e/promlint/build");
+    let built = Command::new(&script)
+        .output()
+        .expect("run e2e/promlint/build");
+    assert!(
+        built.status.success(),
+        "e2e/promlint/build: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let bin = String::from_utf8_lossy(&built.stdout).trim().to_string();
+    let mut child = Command::new(bin)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run promlint");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("feed promlint");
+    let out = child.wait_with_output().expect("promlint");
+    assert!(
+        out.status.success(),
+        "promlint: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    flexnode_skip = "controlplane",
+    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
+)]
+async fn a_scrape_shows_the_operation_its_transitions_and_the_api_contact() {
+    let lab = Lab::up();
+    apply_rbac(&lab);
+    let admin = admin(&lab).await;
+    create_node_and_machine(&admin, NODE, &[]).await;
+    let addr = free_port();
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64();
+    let config = DaemonConfig {
+        node_name: NODE.into(),
+        tick: Duration::from_millis(300),
+        metrics: Some(addr),
+        ..Default::default()
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    let _agent = Agent::join_with(
+        agent_client(&lab, NODE).await,
+        dir,
+        InstallMode::Host,
+        config,
+    )
+    .await;
+
+    let ops: Api<MachineOperation> = Api::all(admin.clone());
+    ops.create(&PostParams::default(), &node_reboot("reboot-m", NODE))
+        .await
+        .expect("create");
+    let done = wait_for(Duration::from_secs(60), || async {
+        let op = ops.get("reboot-m").await.ok()?;
+        (op.status.as_ref()?.phase == Some(OperationPhase::Complete)).then_some(op)
+    })
+    .await;
+    assert!(done.is_some(), "reboot-m did not complete");
+
+    let url = format!("http://{addr}/metrics");
+    // The result is counted once it is published: the scrape may come just before.
+    let text = wait_for(Duration::from_secs(10), || async {
+        let (status, content_type, text) = get(&url).await;
+        assert_eq!(status, 200);
+        assert!(
+            content_type.starts_with("text/plain; version=0.0.4"),
+            "{content_type}"
+        );
+        (sample(
+            &text,
+            "flexnode_operations_total{kind=\"NodeReboot\",reason=\"Succeeded\"}",
+        ) == Some(1.0))
+        .then_some(text)
+    })
+    .await
+    .unwrap_or_else(|| panic!("no NodeReboot result in the scrape"));
+    // The claim and the reboot's end, as the transition table names them.
+    for series in [
+        "flexnode_transition_duration_seconds_count{from=\"Ready\",input=\"OperationClaimed\",to=\"Rebooting\"}",
+        "flexnode_transition_duration_seconds_count{from=\"Rebooting\",input=\"EffectsDone\",to=\"Ready\"}",
+    ] {
+        assert!(
+            sample(&text, series).is_some_and(|n| n >= 1.0),
+            "{series} not in:\n{text}"
+        );
+    }
+    assert!(
+        sample(&text, "flexnode_store_commit_duration_seconds_count").is_some_and(|n| n >= 2.0),
+        "{text}"
+    );
+    let contact = sample(&text, "flexnode_last_api_contact_timestamp_seconds").expect("contact");
+    assert!(
+        contact >= started,
+        "last API contact {contact} before the test {started}"
+    );
+    assert!(
+        !text.contains("reboot-m"),
+        "an object's name is never a label value"
+    );
+    assert_eq!(promlint(&text), "");
+
+    // Only /metrics, only GET.
+    let (status, _, _) = get(&format!("http://{addr}/other")).await;
+    assert_eq!(status, 404);
+    flexnode::effects::http::ensure_crypto_provider();
+    let post = reqwest::Client::new()
+        .post(&url)
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(post.status().as_u16(), 405);
+}
