@@ -46,6 +46,9 @@ _flexnode() {
             flexnode,reset)
                 cmd="flexnode__subcmd__reset"
                 ;;
+            flexnode,rollout)
+                cmd="flexnode__subcmd__rollout"
+                ;;
             flexnode,status)
                 cmd="flexnode__subcmd__status"
                 ;;
@@ -81,6 +84,9 @@ _flexnode() {
                 ;;
             flexnode__subcmd__help,reset)
                 cmd="flexnode__subcmd__help__subcmd__reset"
+                ;;
+            flexnode__subcmd__help,rollout)
+                cmd="flexnode__subcmd__help__subcmd__rollout"
                 ;;
             flexnode__subcmd__help,status)
                 cmd="flexnode__subcmd__help__subcmd__status"
@@ -128,7 +134,7 @@ _flexnode() {
 
     case "${cmd}" in
         flexnode)
-            opts="-h -V --state --help --version daemon join ignition reset recover-agent-upgrade host-exec status history op completions version help"
+            opts="-h -V --state --help --version daemon join ignition reset recover-agent-upgrade host-exec status history op rollout completions version help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -202,7 +208,7 @@ _flexnode() {
             return 0
             ;;
         flexnode__subcmd__help)
-            opts="daemon join ignition reset recover-agent-upgrade host-exec status history op completions version help"
+            opts="daemon join ignition reset recover-agent-upgrade host-exec status history op rollout completions version help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -384,6 +390,20 @@ _flexnode() {
             return 0
             ;;
         flexnode__subcmd__help__subcmd__reset)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        flexnode__subcmd__help__subcmd__rollout)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -768,6 +788,68 @@ _flexnode() {
                 return 0
             fi
             case "${prev}" in
+                --state)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        flexnode__subcmd__rollout)
+            opts="-h --selector --image --digest --url --sha256 --max-unavailable --name --resume --dry-run --wave-timeout --namespace --kubeconfig --state --help reboot upgrade"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --selector)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --image)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --digest)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --sha256)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-unavailable)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --name)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --resume)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --wave-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --namespace)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --kubeconfig)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --state)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0

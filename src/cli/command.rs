@@ -1,6 +1,8 @@
 //! The command line: each command, and the module that runs it (`cli/<command>.rs`).
 
-use super::{Output, daemon, generated, host_exec, ignition, join, op, recover, reset, status};
+use super::{
+    Output, daemon, generated, host_exec, ignition, join, op, recover, reset, rollout, status,
+};
 use crate::store;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::ffi::OsString;
@@ -82,6 +84,8 @@ pub enum Command {
     },
     /// Create and inspect MachineOperations.
     Op(op::command::OpArgs),
+    /// Run an operation on every node a selector matches, in waves; resumable.
+    Rollout(Box<rollout::RolloutArgs>),
     /// Print the shell completion script for SHELL (also in the repository's completions/).
     Completions {
         #[arg(value_enum)]
@@ -100,6 +104,7 @@ impl Command {
             Self::Status { .. }
             | Self::History { .. }
             | Self::Op(_)
+            | Self::Rollout(_)
             | Self::Ignition { .. }
             | Self::HostExec { .. }
             | Self::Completions { .. }
@@ -151,6 +156,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Reset { yes } => reset::run(&cli.state, yes),
         Command::RecoverAgentUpgrade { message } => recover::run(&cli.state, &message),
         Command::Op(args) => op::command::run(args),
+        Command::Rollout(args) => rollout::run(*args),
         Command::HostExec { root, command } => host_exec::run(&root, &command),
     }
 }

@@ -12,6 +12,7 @@ pub mod join;
 pub mod op;
 pub mod recover;
 pub mod reset;
+pub mod rollout;
 pub mod status;
 pub mod wiring;
 

@@ -155,7 +155,7 @@ pub(super) fn plan(a: &CreateArgs, now_secs: u64) -> Result<Plan, Failure> {
 
 /// `downloadURL` and `sha256`, checked by the agent's own validator. Rejections print the
 /// validator's fixed message only.
-pub(super) fn upgrade_parameters(
+pub(crate) fn upgrade_parameters(
     a: &CreateArgs,
 ) -> Result<(BTreeMap<String, String>, Option<String>), Failure> {
     let (mode, url, digest) = match (&a.image, &a.url) {
@@ -196,7 +196,7 @@ pub(super) fn upgrade_parameters(
     Ok((params, Some(url.to_string())))
 }
 
-pub(super) fn parse_selector(raw: &str) -> Result<LabelSelector, Failure> {
+pub(crate) fn parse_selector(raw: &str) -> Result<LabelSelector, Failure> {
     let bad = || Failure::config("--selector takes k=v[,k2=v2]");
     let mut labels = BTreeMap::new();
     for pair in raw.split(',') {
@@ -214,7 +214,7 @@ pub(super) fn parse_selector(raw: &str) -> Result<LabelSelector, Failure> {
 }
 
 /// `1h`, `30m`, `90s`, `3600` (seconds), or combinations such as `1h30m`.
-pub(super) fn parse_duration(raw: &str) -> Option<Duration> {
+pub(crate) fn parse_duration(raw: &str) -> Option<Duration> {
     let raw = raw.trim();
     if raw.is_empty() {
         return None;

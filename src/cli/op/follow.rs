@@ -113,7 +113,7 @@ pub(super) fn progress(op: &MachineOperation) -> (String, Option<u8>) {
 }
 
 /// The `Completed` condition's reason (Succeeded, ExecutionFailed, InvalidParameters, …).
-pub(super) fn reason(op: &MachineOperation) -> Option<&str> {
+pub(crate) fn reason(op: &MachineOperation) -> Option<&str> {
     op.status
         .as_ref()?
         .conditions

@@ -6,7 +6,7 @@
 
 pub mod command;
 pub mod create;
-mod follow;
+pub(crate) mod follow;
 pub mod show;
 
 use super::Failure;
@@ -38,6 +38,12 @@ fn kubeconfig_path(flag: Option<PathBuf>) -> Result<PathBuf, Failure> {
 }
 
 async fn ops(flag: Option<PathBuf>) -> Result<Api<MachineOperation>, Failure> {
+    Ok(Api::all(client(flag).await?))
+}
+
+/// A client from the operator's kubeconfig (`--kubeconfig`, `$KUBECONFIG`, `~/.kube/config`);
+/// one that is missing or would not verify the API server is an impossible setting (78).
+pub(crate) async fn client(flag: Option<PathBuf>) -> Result<kube::Client, Failure> {
     let path = kubeconfig_path(flag)?;
     if !path.is_file() {
         return Err(Failure::config(format!(
@@ -46,7 +52,7 @@ async fn ops(flag: Option<PathBuf>) -> Result<Api<MachineOperation>, Failure> {
         )));
     }
     match crate::reconcile::client_from_kubeconfig(&path).await {
-        Ok(client) => Ok(Api::all(client)),
+        Ok(client) => Ok(client),
         Err(kube::Error::InferKubeconfig(e)) => Err(Failure::config(format!(
             "kubeconfig {}: {e}",
             path.display()
@@ -60,7 +66,7 @@ async fn ops(flag: Option<PathBuf>) -> Result<Api<MachineOperation>, Failure> {
 }
 
 /// A one-line description of a client error.
-fn api_message(e: &kube::Error) -> String {
+pub(crate) fn api_message(e: &kube::Error) -> String {
     match e {
         kube::Error::Api(s) => {
             let msg = if s.message.is_empty() {
@@ -100,7 +106,7 @@ fn api_failure(e: &kube::Error) -> Failure {
     Failure::failed(api_message(e))
 }
 
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())

@@ -1,0 +1,298 @@
+//! `flexnode rollout` (the built binary) against a real kube-apiserver, with a daemon per node
+//! on simulated hosts: waves keep to `--max-unavailable` (counted from a watch of the
+//! operations), the first failure stops the rollout naming the node, `--resume` goes on
+//! without repeating a node that is done, and a second rollout on one selector is refused.
+
+mod support;
+
+use flexnode::api::MachineOperation;
+use flexnode::api::machine_operation::OperationPhase;
+use flexnode::machine::agent::InstallMode;
+use flexnode::sim::FaultKind;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, ListParams};
+use kube::runtime::watcher::{self, Event};
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use support::agent::{Agent, admin, apply_rbac, create_node_and_machine};
+use support::{Lab, wait_for};
+
+const LABEL: &str = "flexnode.io/rollout";
+
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl std::fmt::Debug for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exit {:?}\n--- stdout\n{}--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+fn rollout(kubeconfig: &Path, args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_flexnode"));
+    cmd.arg("rollout")
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .env_remove("KUBECONFIG")
+        .kill_on_drop(true);
+    cmd
+}
+
+async fn run(kubeconfig: &Path, args: &[&str]) -> Run {
+    let out = rollout(kubeconfig, args)
+        .output()
+        .await
+        .expect("run flexnode");
+    Run {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// The most operations of the rollouts that were going at once, per rollout, from a watch
+/// (whose events the API server orders).
+#[derive(Default)]
+struct InFlight {
+    going: BTreeSet<String>,
+    most: std::collections::BTreeMap<String, usize>,
+}
+
+fn track(api: Api<MachineOperation>) -> Arc<Mutex<InFlight>> {
+    let seen = Arc::new(Mutex::new(InFlight::default()));
+    let shared = seen.clone();
+    tokio::spawn(async move {
+        let mut stream = watcher::watcher(api, watcher::Config::default().labels(LABEL)).boxed();
+        while let Some(event) = stream.next().await {
+            let (Ok(Event::Apply(op)) | Ok(Event::InitApply(op))) = event else {
+                continue;
+            };
+            let name = op.metadata.name.clone().unwrap_or_default();
+            let rollout = op
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL))
+                .cloned()
+                .unwrap_or_default();
+            let terminal = matches!(
+                op.status.as_ref().and_then(|s| s.phase),
+                Some(OperationPhase::Complete | OperationPhase::Failed)
+            );
+            let mut s = shared.lock().expect("lock");
+            if terminal {
+                s.going.remove(&name);
+            } else {
+                s.going.insert(name);
+            }
+            let now = s
+                .going
+                .iter()
+                .filter(|n| n.starts_with(&format!("{rollout}-")))
+                .count();
+            let most = s.most.entry(rollout).or_default();
+            *most = (*most).max(now);
+        }
+    });
+    seen
+}
+
+async fn operations(api: &Api<MachineOperation>, rollout: &str) -> BTreeSet<String> {
+    api.list(&ListParams::default().labels(&format!("{LABEL}={rollout}")))
+        .await
+        .expect("list")
+        .items
+        .into_iter()
+        .filter_map(|o| o.metadata.name)
+        .collect()
+}
+
+async fn phase_label(maps: &Api<ConfigMap>, rollout: &str) -> Option<String> {
+    maps.list(&ListParams::default().labels(&format!("{LABEL}={rollout}")))
+        .await
+        .expect("list")
+        .items
+        .into_iter()
+        .next()
+        .and_then(|m| m.metadata.labels?.get("flexnode.io/rollout-phase").cloned())
+}
+
+fn names(list: &[&str]) -> BTreeSet<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    flexnode_skip = "controlplane",
+    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
+)]
+async fn waves_keep_the_limit_stop_at_a_failure_resume_and_refuse_a_second_rollout() {
+    let lab = Lab::up();
+    apply_rbac(&lab);
+    let admin = admin(&lab).await;
+    let kc = lab.kubeconfig();
+    let kc = kc.as_path();
+    let mut agents = Vec::new();
+    for (name, tier) in [
+        ("edge-1", "edge"),
+        ("edge-2", "edge"),
+        ("edge-3", "edge"),
+        ("edge-4", "edge"),
+        ("edge-5", "edge"),
+        ("core-1", "core"),
+    ] {
+        create_node_and_machine(&admin, name, &[("tier", tier)]).await;
+        let agent = Agent::join(&lab, name, InstallMode::Host).await;
+        // A reboot takes a moment, so a wave's operations overlap.
+        agent
+            .host
+            .world()
+            .slow
+            .insert("restart", Duration::from_millis(700));
+        agents.push(agent);
+    }
+    let ops: Api<MachineOperation> = Api::all(admin.clone());
+    let maps: Api<ConfigMap> = Api::namespaced(admin.clone(), "default");
+    let inflight = track(ops.clone());
+
+    // --dry-run: the waves, nothing created.
+    let r = run(
+        kc,
+        &[
+            "reboot",
+            "--selector",
+            "tier=edge",
+            "--max-unavailable",
+            "40%",
+            "--name",
+            "r1",
+            "--dry-run",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(
+        r.stdout
+            .contains("on 5 of 5 nodes matching tier=edge, 40% at a time (3 waves)"),
+        "{r:?}"
+    );
+    assert!(r.stdout.contains("wave 1: edge-1 edge-2\n"), "{r:?}");
+    assert!(r.stdout.contains("wave 3: edge-5\n"), "{r:?}");
+    assert!(operations(&ops, "r1").await.is_empty());
+    assert_eq!(phase_label(&maps, "r1").await, None);
+
+    // edge-4's reboot fails: the rollout stops after its wave and names it.
+    agents[3].host.inject("restart", FaultKind::Fail, 0);
+    let r = run(
+        kc,
+        &[
+            "reboot",
+            "--selector",
+            "tier=edge",
+            "--max-unavailable",
+            "40%",
+            "--name",
+            "r1",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert!(
+        r.stderr
+            .contains("r1 stopped at node edge-4 (machineoperation/r1-edge-4-1): ExecutionFailed"),
+        "{r:?}"
+    );
+    assert!(r.stderr.contains("flexnode rollout --resume r1"), "{r:?}");
+    assert!(r.stdout.contains("  edge-3: Complete"), "{r:?}");
+    assert_eq!(
+        operations(&ops, "r1").await,
+        names(&["r1-edge-1-1", "r1-edge-2-1", "r1-edge-3-1", "r1-edge-4-1"]),
+        "wave 3 never started"
+    );
+    assert_eq!(phase_label(&maps, "r1").await.as_deref(), Some("Stopped"));
+
+    // Another rollout on the selector is refused while r1 is not complete.
+    let r = run(kc, &["reboot", "--selector", "tier=edge", "--name", "r2"]).await;
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert!(r.stderr.contains("rollout r1 (Stopped"), "{r:?}");
+    assert!(operations(&ops, "r2").await.is_empty());
+
+    // Resumed: edge-4 gets a new operation, edge-5 its first; nothing done runs again.
+    let r = run(kc, &["--resume", "r1"]).await;
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(r.stdout.contains("rollout r1 complete: 5 nodes"), "{r:?}");
+    assert_eq!(
+        operations(&ops, "r1").await,
+        names(&[
+            "r1-edge-1-1",
+            "r1-edge-2-1",
+            "r1-edge-3-1",
+            "r1-edge-4-1",
+            "r1-edge-4-2",
+            "r1-edge-5-1"
+        ])
+    );
+    for name in ["r1-edge-4-2", "r1-edge-5-1"] {
+        let op = ops.get(name).await.expect("get");
+        assert_eq!(
+            op.status.and_then(|s| s.phase),
+            Some(OperationPhase::Complete),
+            "{name}"
+        );
+    }
+    assert_eq!(phase_label(&maps, "r1").await.as_deref(), Some("Complete"));
+    let r = run(kc, &["--resume", "r1"]).await;
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(r.stdout.contains("already complete"), "{r:?}");
+
+    // Two at once on one selector: the second is refused while the first runs (its node's
+    // agent is down, so its wave waits), then the first finishes.
+    agents[5].kill().await;
+    let first = rollout(kc, &["reboot", "--selector", "tier=core", "--name", "c1"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start c1");
+    let recorded = wait_for(Duration::from_secs(30), || async {
+        phase_label(&maps, "c1").await.filter(|p| p == "Running")
+    })
+    .await;
+    assert!(recorded.is_some(), "c1 never recorded itself");
+    let r = run(kc, &["reboot", "--selector", "tier=core", "--name", "c2"]).await;
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert!(r.stderr.contains("rollout c1 (Running"), "{r:?}");
+    agents[5].start();
+    let out = tokio::time::timeout(Duration::from_secs(120), first.wait_with_output())
+        .await
+        .expect("c1 finishes")
+        .expect("c1");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(operations(&ops, "c2").await.is_empty());
+    // A complete rollout frees its selector.
+    let r = run(kc, &["reboot", "--selector", "tier=core", "--name", "c3"]).await;
+    assert_eq!(r.code, Some(0), "{r:?}");
+
+    let most = inflight.lock().expect("lock").most.clone();
+    assert_eq!(
+        most.get("r1"),
+        Some(&2),
+        "r1 went at most 2 at a time: {most:?}"
+    );
+    assert_eq!(most.get("c1"), Some(&1), "{most:?}");
+}
