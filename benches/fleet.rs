@@ -584,6 +584,7 @@ fn agents(strategy: &str) {
                 counters: Arc::new(WatchCounters::default()),
                 etc: None,
                 metrics: None,
+                live_status: false,
             };
             counters.push(config.counters.clone());
             let store = tempfile::tempdir_in(&dir).expect("the agent's directory");

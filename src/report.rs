@@ -4,7 +4,7 @@
 use crate::effects::NodeSeen;
 use crate::machine::fault::Problem;
 use crate::store::{JournalEntry, StoreError, StoreReader};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 
 /// Bumped on any incompatible change of the JSON/YAML shape.
@@ -59,6 +59,23 @@ pub struct StatusReport {
     /// (src/machine/fault.rs); `flexnode status` fills it.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub problems: Vec<Problem>,
+    /// What the running daemon says over its socket (`src/reconcile/live.rs`); `None`: no
+    /// daemon answered, and the report is the store's alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub daemon: Option<DaemonSummary>,
+}
+
+/// What only the running daemon knows.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DaemonSummary {
+    pub pid: u32,
+    /// systemd's STATUS as the daemon last set it.
+    pub status_text: String,
+    /// Every watch has listed once.
+    pub watches_synced: bool,
+    /// No watch is interrupted (the API server answers).
+    pub watches_connected: bool,
 }
 
 impl StatusReport {
@@ -77,6 +94,7 @@ impl StatusReport {
             last_result: None,
             recent_transitions: Vec::new(),
             problems: Vec::new(),
+            daemon: None,
         }
     }
 }
@@ -176,12 +194,35 @@ pub fn build(reader: &StoreReader) -> Result<StatusReport, StoreError> {
         last_result,
         recent_transitions: reader.journal(5)?,
         problems: Vec::new(),
+        daemon: None,
     })
 }
 
 /// The summary a person reads.
 pub fn render_human(r: &StatusReport) -> String {
     let mut out = String::new();
+    match &r.daemon {
+        Some(d) => {
+            let _ = writeln!(
+                out,
+                "Source:           the store and the running daemon (pid {})",
+                d.pid
+            );
+            let watches = match (d.watches_synced, d.watches_connected) {
+                (_, false) => "interrupted (the API server does not answer)",
+                (false, true) => "listing",
+                (true, true) => "connected",
+            };
+            let _ = writeln!(
+                out,
+                "Daemon:           watches {watches}; {}",
+                d.status_text
+            );
+        }
+        None => {
+            let _ = writeln!(out, "Source:           the store (no daemon answers)");
+        }
+    }
     for p in &r.problems {
         let _ = writeln!(out, "Problem:          {}: {}", p.reason, p.message);
         let _ = writeln!(out, "What to do:       {}", p.remedy);

@@ -126,6 +126,7 @@ async fn on_host(state: &Path, args: &DaemonArgs) -> Result<(), Failure> {
             tick,
             etc: Some(wiring::on_host("/etc")),
             metrics: args.metrics_address.or(config.metrics_address),
+            live_status: true,
             ..Default::default()
         },
         client,
@@ -165,6 +166,7 @@ async fn simulated(state: &Path, args: &DaemonArgs) -> anyhow::Result<()> {
         node_name: node.clone(),
         tick: Duration::from_millis(args.tick_ms.max(100)),
         metrics: args.metrics_address,
+        live_status: true,
         ..Default::default()
     };
     loop {

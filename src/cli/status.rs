@@ -18,6 +18,7 @@ pub fn status(state: &Path, output: Output) -> ExitCode {
     read(state, output, |reader| {
         let mut report = report::build(reader)?;
         report.problems = problems(state, report.node.is_some());
+        report.daemon = crate::reconcile::live::ask(state);
         Ok(render(&report, output))
     })
 }

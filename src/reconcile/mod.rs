@@ -5,6 +5,7 @@
 pub mod address;
 pub mod clock;
 pub mod health;
+pub mod live;
 pub mod liveness;
 pub mod metrics;
 pub mod owner;

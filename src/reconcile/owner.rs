@@ -40,6 +40,8 @@ pub struct DaemonConfig {
     pub etc: Option<std::path::PathBuf>,
     /// Where Prometheus metrics are served (`metricsAddress`, loopback only); `None`: off.
     pub metrics: Option<std::net::SocketAddr>,
+    /// Answer `flexnode status` on the socket next to the store (`live.rs`).
+    pub live_status: bool,
 }
 
 impl Default for DaemonConfig {
@@ -52,6 +54,7 @@ impl Default for DaemonConfig {
             counters: Arc::default(),
             etc: None,
             metrics: None,
+            live_status: false,
         }
     }
 }
@@ -88,6 +91,8 @@ struct Owner<S, C, H> {
     counters: Arc<WatchCounters>,
     /// A read that a decision waits for failed (said once, until a read succeeds).
     unconfirmed: bool,
+    /// What `flexnode status` hears from this daemon.
+    live: Arc<super::live::Live>,
 }
 
 /// Runs the daemon with `runner` until `shutdown` completes (or the task is dropped).
@@ -114,7 +119,21 @@ where
         },
         None => None,
     };
+    let live = Arc::new(super::live::Live::default());
+    let _live = if config.live_status {
+        let path = super::live::socket_path(runner.store.path());
+        match super::live::serve(&path, live.clone(), config.counters.clone()) {
+            Ok(task) => Some(AbortOnDrop(vec![task.abort_handle()])),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "flexnode status will not reach the daemon");
+                None
+            }
+        }
+    } else {
+        None
+    };
     let mut owner = Owner {
+        live,
         runner,
         client: client.clone(),
         node_name: config.node_name.clone(),
@@ -297,6 +316,7 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
         };
         if text != self.status {
             health::status_text(&text);
+            self.live.set_status(&text);
             self.status = text;
         }
     }

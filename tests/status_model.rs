@@ -1,6 +1,8 @@
-//! The daemon's Prometheus metrics, scraped over HTTP from a daemon that ran an operation
-//! against a real kube-apiserver (simulated host), and checked by the linter `promtool check
-//! metrics` runs (e2e/promlint, built from its Go module).
+//! One status model, every rendering: a daemon (simulated host, real kube-apiserver) runs one
+//! NodeReboot, and the operation's result shows in the MachineOperation's status, its Events,
+//! `flexnode status` (with the running daemon's own part over its socket, and
+//! without it once the daemon is gone, saying which) and the Prometheus scrape, which the
+//! linter `promtool check metrics` runs (e2e/promlint, built from its Go module) accepts.
 
 mod support;
 
@@ -8,6 +10,7 @@ use flexnode::api::MachineOperation;
 use flexnode::api::machine_operation::OperationPhase;
 use flexnode::machine::agent::InstallMode;
 use flexnode::reconcile::DaemonConfig;
+use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, PostParams};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -83,7 +86,7 @@ fn promlint(text: &str) -> String {
     flexnode_skip = "controlplane",
     ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
 )]
-async fn a_scrape_shows_the_operation_its_transitions_and_the_api_contact() {
+async fn one_operation_shows_in_every_rendering() {
     let lab = Lab::up();
     apply_rbac(&lab);
     let admin = admin(&lab).await;
@@ -97,10 +100,12 @@ async fn a_scrape_shows_the_operation_its_transitions_and_the_api_contact() {
         node_name: NODE.into(),
         tick: Duration::from_millis(300),
         metrics: Some(addr),
+        live_status: true,
         ..Default::default()
     };
     let dir = tempfile::tempdir().expect("tmp");
-    let _agent = Agent::join_with(
+    let store = dir.path().join("state/state.db");
+    let mut agent = Agent::join_with(
         agent_client(&lab, NODE).await,
         dir,
         InstallMode::Host,
@@ -171,4 +176,62 @@ async fn a_scrape_shows_the_operation_its_transitions_and_the_api_contact() {
         .await
         .expect("POST");
     assert_eq!(post.status().as_u16(), 405);
+
+    // The operation's Events.
+    let events: Api<Event> = Api::all(admin.clone());
+    let reasons: Vec<String> = events
+        .list(&Default::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("reboot-m"))
+        .filter_map(|e| e.reason)
+        .collect();
+    assert!(reasons.iter().any(|r| r == "Succeeded"), "{reasons:?}");
+
+    // `flexnode status`: the store's report with the daemon's own part, then without it.
+    let status = |format: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_flexnode"))
+            .args([
+                "--state",
+                &store.display().to_string(),
+                "status",
+                "-o",
+                format,
+            ])
+            .output()
+            .expect("flexnode status");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let json: serde_json::Value = serde_json::from_str(&status("json")).expect("status JSON");
+    assert_eq!(json["lastResult"]["operation"], "reboot-m", "{json}");
+    assert_eq!(json["lastResult"]["reason"], "Succeeded", "{json}");
+    assert_eq!(json["daemon"]["pid"], std::process::id(), "{json}");
+    assert_eq!(json["daemon"]["watchesConnected"], true, "{json}");
+    assert!(
+        json["daemon"]["statusText"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("Ready")),
+        "{json}"
+    );
+    let human = status("human");
+    assert!(
+        human.contains("Source:           the store and the running daemon (pid "),
+        "{human}"
+    );
+    assert!(human.contains("reboot-m"), "{human}");
+    agent.kill().await;
+    let json: serde_json::Value = serde_json::from_str(&status("json")).expect("status JSON");
+    assert_eq!(json["lastResult"]["operation"], "reboot-m", "{json}");
+    assert!(
+        json.get("daemon").is_none(),
+        "no daemon answers now: {json}"
+    );
+    assert!(status("human").contains("Source:           the store (no daemon answers)"));
 }
