@@ -83,6 +83,21 @@ pub fn serve(
     }))
 }
 
+/// Serves at `path`; a failure is logged and the daemon runs on (status reads the store).
+pub fn start(
+    path: &Path,
+    live: Arc<Live>,
+    counters: Arc<WatchCounters>,
+) -> Option<tokio::task::AbortHandle> {
+    match serve(path, live, counters) {
+        Ok(task) => Some(task.abort_handle()),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "flexnode status will not reach the daemon");
+            None
+        }
+    }
+}
+
 /// The running daemon's summary, if one answers at the socket next to `store` within a
 /// second.
 pub fn ask(store: &Path) -> Option<DaemonSummary> {

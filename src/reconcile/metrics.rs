@@ -64,3 +64,15 @@ pub async fn serve(addr: SocketAddr) -> std::io::Result<tokio::task::JoinHandle<
         }
     }))
 }
+
+/// Serves at `addr` if set; a failure to bind is logged and the daemon runs on without.
+pub async fn start(addr: Option<SocketAddr>) -> Option<tokio::task::AbortHandle> {
+    let addr = addr?;
+    match serve(addr).await {
+        Ok(task) => Some(task.abort_handle()),
+        Err(e) => {
+            tracing::warn!(%addr, error = %e, "metrics are not served: the address cannot be bound");
+            None
+        }
+    }
+}

@@ -4,6 +4,7 @@
 
 pub mod address;
 pub mod clock;
+pub mod config;
 pub mod health;
 pub mod live;
 pub mod liveness;
@@ -14,7 +15,8 @@ pub mod watch;
 use crate::api::{Machine, MachineOperation};
 use k8s_openapi::api::core::v1::Node;
 
-pub use owner::{DaemonConfig, run};
+pub use config::DaemonConfig;
+pub use owner::run;
 pub use watch::{OperationWatch, WatchCounters};
 
 /// What reaches the owner task.

@@ -1,5 +1,6 @@
 //! The owner task: the only code that feeds the state machine in the daemon.
 
+use super::DaemonConfig;
 use super::clock::SteadyClock;
 use super::health::{self, Health};
 use super::watch::{self, OperationWatch, WatchCounters};
@@ -26,38 +27,6 @@ use tokio::time::Instant;
 /// The tick of a daemon with nothing waiting on time (each tick costs store reads): it
 /// still feeds the watchdog (`WatchdogSec=300s`) and retries what failed quietly.
 const IDLE_TICK: Duration = Duration::from_secs(60);
-
-#[derive(Clone, Debug)]
-pub struct DaemonConfig {
-    pub node_name: String,
-    /// How often deadlines, TTLs, the outbox and waiting claims are looked at.
-    pub tick: Duration,
-    pub operations: OperationWatch,
-    /// Shared with whoever started the daemon (the fleet benchmark reads them).
-    pub counters: Arc<WatchCounters>,
-    /// The host's `/etc` as the daemon reaches it: while it is read-only no new work starts
-    /// (src/reconcile/health.rs). `None`: not looked at (a simulated host).
-    pub etc: Option<std::path::PathBuf>,
-    /// Where Prometheus metrics are served (`metricsAddress`, loopback only); `None`: off.
-    pub metrics: Option<std::net::SocketAddr>,
-    /// Answer `flexnode status` on the socket next to the store (`live.rs`).
-    pub live_status: bool,
-}
-
-impl Default for DaemonConfig {
-    /// The daemon command's defaults (`--tick-ms 2000`); no node name.
-    fn default() -> Self {
-        Self {
-            node_name: String::new(),
-            tick: Duration::from_secs(2),
-            operations: OperationWatch::default(),
-            counters: Arc::default(),
-            etc: None,
-            metrics: None,
-            live_status: false,
-        }
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -109,29 +78,22 @@ where
     H: Host,
 {
     // Served from the start, so a daemon waiting out a bad environment can be watched too.
-    let _metrics = match config.metrics {
-        Some(addr) => match super::metrics::serve(addr).await {
-            Ok(task) => Some(AbortOnDrop(vec![task.abort_handle()])),
-            Err(e) => {
-                tracing::warn!(%addr, error = %e, "metrics are not served: the address cannot be bound");
-                None
-            }
-        },
-        None => None,
-    };
     let live = Arc::new(super::live::Live::default());
-    let _live = if config.live_status {
-        let path = super::live::socket_path(runner.store.path());
-        match super::live::serve(&path, live.clone(), config.counters.clone()) {
-            Ok(task) => Some(AbortOnDrop(vec![task.abort_handle()])),
-            Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "flexnode status will not reach the daemon");
-                None
-            }
-        }
-    } else {
-        None
-    };
+    let _served = AbortOnDrop(
+        [
+            super::metrics::start(config.metrics).await,
+            config
+                .live_status
+                .then(|| {
+                    let path = super::live::socket_path(runner.store.path());
+                    super::live::start(&path, live.clone(), config.counters.clone())
+                })
+                .flatten(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect(),
+    );
     let mut owner = Owner {
         live,
         runner,
