@@ -288,6 +288,33 @@ async fn waves_keep_the_limit_stop_at_a_failure_resume_and_refuse_a_second_rollo
     let r = run(kc, &["reboot", "--selector", "tier=core", "--name", "c3"]).await;
     assert_eq!(r.code, Some(0), "{r:?}");
 
+    // A wave that does not finish in time stops the rollout (exit 3); the resume waits for
+    // the same operation rather than starting another.
+    agents[5].kill().await;
+    let r = run(
+        kc,
+        &[
+            "reboot",
+            "--selector",
+            "tier=core",
+            "--name",
+            "t1",
+            "--wave-timeout",
+            "3s",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, Some(3), "{r:?}");
+    assert!(
+        r.stderr.contains("the wave did not finish within 3s"),
+        "{r:?}"
+    );
+    assert_eq!(phase_label(&maps, "t1").await.as_deref(), Some("Stopped"));
+    agents[5].start();
+    let r = run(kc, &["--resume", "t1"]).await;
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert_eq!(operations(&ops, "t1").await, names(&["t1-core-1-1"]));
+
     let most = inflight.lock().expect("lock").most.clone();
     assert_eq!(
         most.get("r1"),

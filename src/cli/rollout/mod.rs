@@ -467,7 +467,11 @@ impl Cluster {
     async fn wait(&self, record: &Record, wave: &[String], progress: &WaveProgress) -> WaveEnd {
         let deadline = tokio::time::Instant::now() + self.wave_timeout;
         let mut shown: BTreeMap<String, String> = BTreeMap::new();
-        let mut end = WaveEnd::default();
+        // Until a list says otherwise, every node is still going.
+        let mut end = WaveEnd {
+            pending: wave.to_vec(),
+            ..WaveEnd::default()
+        };
         let mut warned = false;
         loop {
             let listed = self
