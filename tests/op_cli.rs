@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 use support::Lab;
 use support::agent::{Agent, apply_rbac, create_node_and_machine};
+use support::cli::Run;
 
 /// What the simulated host serves at `SERVED_URL`.
 const SERVED_SHA: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
@@ -18,45 +19,9 @@ const SERVED_URL: &str = "https://x.example/f.tgz";
 /// A digest nothing is served under.
 const OTHER_SHA: &str = "cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc";
 
-/// What one `flexnode op …` run did.
-struct Run {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    fn all(&self) -> String {
-        format!("{}{}", self.stdout, self.stderr)
-    }
-}
-
-impl std::fmt::Debug for Run {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "exit {:?}\n--- stdout\n{}--- stderr\n{}",
-            self.code, self.stdout, self.stderr
-        )
-    }
-}
-
-/// Runs `flexnode op ARGS --kubeconfig KUBECONFIG` (without blocking the daemon's runtime).
+/// Runs `flexnode op ARGS --kubeconfig KUBECONFIG`.
 async fn op(kubeconfig: &Path, args: &[&str]) -> Run {
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_flexnode"))
-        .arg("op")
-        .args(args)
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .env_remove("KUBECONFIG")
-        .output()
-        .await
-        .expect("run flexnode");
-    Run {
-        code: out.status.code(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    support::cli::run("op", kubeconfig, args).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,47 +18,17 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use support::agent::{Agent, admin, apply_rbac, create_node_and_machine};
+use support::cli::Run;
 use support::{Lab, wait_for};
 
 const LABEL: &str = "flexnode.io/rollout";
 
-struct Run {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-impl std::fmt::Debug for Run {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "exit {:?}\n--- stdout\n{}--- stderr\n{}",
-            self.code, self.stdout, self.stderr
-        )
-    }
-}
-
 fn rollout(kubeconfig: &Path, args: &[&str]) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_flexnode"));
-    cmd.arg("rollout")
-        .args(args)
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .env_remove("KUBECONFIG")
-        .kill_on_drop(true);
-    cmd
+    support::cli::command("rollout", kubeconfig, args)
 }
 
 async fn run(kubeconfig: &Path, args: &[&str]) -> Run {
-    let out = rollout(kubeconfig, args)
-        .output()
-        .await
-        .expect("run flexnode");
-    Run {
-        code: out.status.code(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    support::cli::run("rollout", kubeconfig, args).await
 }
 
 /// The most operations of the rollouts that were going at once, per rollout, from a watch

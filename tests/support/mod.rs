@@ -5,6 +5,7 @@ pub mod account;
 pub mod agent;
 pub mod artifacts;
 pub mod bench;
+pub mod cli;
 pub mod containerd;
 pub mod history;
 pub mod hostnode;

@@ -45,18 +45,8 @@ pub struct CreateArgs {
     /// Target nodes by labels: k=v[,k2=v2].
     #[arg(long, value_name = "LABELS")]
     pub selector: Option<String>,
-    /// Upgrade (container install) to this image: oci://REGISTRY/REPO[:TAG].
-    #[arg(long, value_name = "REF")]
-    pub image: Option<String>,
-    /// The image's digest: sha256:HEX.
-    #[arg(long, value_name = "DIGEST")]
-    pub digest: Option<String>,
-    /// Upgrade (host install) from this archive URL.
-    #[arg(long, value_name = "URL")]
-    pub url: Option<String>,
-    /// The archive's SHA-256 (hex).
-    #[arg(long, value_name = "HEX")]
-    pub sha256: Option<String>,
+    #[command(flatten)]
+    pub from: UpgradeFrom,
     /// Delete the object this long after it finished (1h, 30m, 90s, 3600).
     #[arg(long, value_name = "DURATION")]
     pub ttl: Option<String>,
@@ -69,6 +59,29 @@ pub struct CreateArgs {
     /// Give up waiting after this long (exit 3) [default: 10m].
     #[arg(long, value_name = "DURATION")]
     pub timeout: Option<String>,
+}
+
+/// Where an upgrade goes to (`op create upgrade`, `rollout upgrade`).
+#[derive(Debug, Default, Args)]
+pub struct UpgradeFrom {
+    /// Upgrade (container install) to this image: oci://REGISTRY/REPO[:TAG].
+    #[arg(long, value_name = "REF")]
+    pub image: Option<String>,
+    /// The image's digest: sha256:HEX.
+    #[arg(long, value_name = "DIGEST")]
+    pub digest: Option<String>,
+    /// Upgrade (host install) from this archive URL.
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
+    /// The archive's SHA-256 (hex).
+    #[arg(long, value_name = "HEX")]
+    pub sha256: Option<String>,
+}
+
+impl UpgradeFrom {
+    pub fn is_set(&self) -> bool {
+        self.image.is_some() || self.digest.is_some() || self.url.is_some() || self.sha256.is_some()
+    }
 }
 
 /// What `op create` will post, fully checked.
@@ -99,11 +112,10 @@ pub(super) fn plan(a: &CreateArgs, now_secs: u64) -> Result<Plan, Failure> {
         (None, Some(s)) => (None, Some(parse_selector(s)?)),
     };
     let kind = a.kind.operation();
-    let upgrade_flags =
-        a.image.is_some() || a.digest.is_some() || a.url.is_some() || a.sha256.is_some();
+    let upgrade_flags = a.from.is_set();
     let (parameters, secret) = match a.kind {
         CreateKind::Upgrade => {
-            let (params, secret) = upgrade_parameters(a)?;
+            let (params, secret) = upgrade_parameters(&a.from)?;
             (Some(params), secret)
         }
         CreateKind::Reboot | CreateKind::Reset if upgrade_flags => {
@@ -156,7 +168,7 @@ pub(super) fn plan(a: &CreateArgs, now_secs: u64) -> Result<Plan, Failure> {
 /// `downloadURL` and `sha256`, checked by the agent's own validator. Rejections print the
 /// validator's fixed message only.
 pub(crate) fn upgrade_parameters(
-    a: &CreateArgs,
+    a: &UpgradeFrom,
 ) -> Result<(BTreeMap<String, String>, Option<String>), Failure> {
     let (mode, url, digest) = match (&a.image, &a.url) {
         (Some(_), Some(_)) => {
@@ -281,10 +293,7 @@ mod tests {
             kind,
             node: Some("edge-07".into()),
             selector: None,
-            image: None,
-            digest: None,
-            url: None,
-            sha256: None,
+            from: UpgradeFrom::default(),
             ttl: None,
             name: None,
             wait: false,
@@ -333,16 +342,16 @@ mod tests {
     #[test]
     fn upgrade_parameters_are_validated_and_normalized() {
         let mut a = args(CreateKind::Upgrade);
-        a.image = Some("oci://registry.example/flexnode:v2".into());
-        a.digest = Some(format!("sha256:{}", HEX.to_uppercase()));
+        a.from.image = Some("oci://registry.example/flexnode:v2".into());
+        a.from.digest = Some(format!("sha256:{}", HEX.to_uppercase()));
         let p = plan(&a, 1).expect("plan");
         let params = p.spec.parameters.expect("params");
         assert_eq!(params[PARAM_URL], "oci://registry.example/flexnode:v2");
         assert_eq!(params[PARAM_SHA256], HEX);
 
         let mut a = args(CreateKind::Upgrade);
-        a.url = Some("https://user:hunter2@x.example/f.tgz?sig=SECRET".into());
-        a.sha256 = Some(HEX.into());
+        a.from.url = Some("https://user:hunter2@x.example/f.tgz?sig=SECRET".into());
+        a.from.sha256 = Some(HEX.into());
         let f = plan(&a, 1).map(|_| ()).expect_err("rejected");
         assert_eq!(f.code, EXIT_CONFIG);
         assert!(
@@ -354,13 +363,13 @@ mod tests {
         // Usage errors.
         let mut a = args(CreateKind::Upgrade);
         assert_eq!(code(&a), EXIT_CONFIG);
-        a.url = Some("https://x.example/f.tgz".into());
-        a.digest = Some(HEX.into());
+        a.from.url = Some("https://x.example/f.tgz".into());
+        a.from.digest = Some(HEX.into());
         assert_eq!(code(&a), EXIT_CONFIG);
         let mut r = args(CreateKind::Reboot);
-        r.sha256 = Some(HEX.into());
+        r.from.sha256 = Some(HEX.into());
         assert_eq!(code(&r), EXIT_CONFIG);
-        r.sha256 = None;
+        r.from.sha256 = None;
         r.selector = Some("a=b".into());
         assert_eq!(code(&r), EXIT_CONFIG);
         r.selector = None;

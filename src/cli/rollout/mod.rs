@@ -8,7 +8,7 @@ pub mod plan;
 
 use crate::api::machine_operation::{MachineOperationSpec, OperationKind, OperationPhase};
 use crate::api::{Machine, MachineOperation};
-use crate::cli::op::create::{CreateArgs, CreateKind, parse_duration, parse_selector};
+use crate::cli::op::create::{UpgradeFrom, parse_duration, parse_selector, upgrade_parameters};
 use crate::cli::op::{api_message, client, follow::reason, unix_now};
 use crate::cli::{EXIT_TIMEOUT, Failure};
 use clap::{Args, ValueEnum};
@@ -42,18 +42,8 @@ pub struct RolloutArgs {
     /// The nodes: every Machine with these labels, k=v[,k2=v2].
     #[arg(long, value_name = "LABELS", required_unless_present = "resume")]
     pub selector: Option<String>,
-    /// Upgrade (container install) to this image: oci://REGISTRY/REPO[:TAG].
-    #[arg(long, value_name = "REF")]
-    pub image: Option<String>,
-    /// The image's digest: sha256:HEX.
-    #[arg(long, value_name = "DIGEST")]
-    pub digest: Option<String>,
-    /// Upgrade (host install) from this archive URL.
-    #[arg(long, value_name = "URL")]
-    pub url: Option<String>,
-    /// The archive's SHA-256 (hex).
-    #[arg(long, value_name = "HEX")]
-    pub sha256: Option<String>,
+    #[command(flatten)]
+    pub from: UpgradeFrom,
     /// How many nodes go at once: a count, or a percent of the nodes (rounded up).
     #[arg(long, value_name = "N|P%", default_value = "1")]
     pub max_unavailable: String,
@@ -216,36 +206,16 @@ async fn resume(
 /// Each node's operation, its parameters checked by the agent's own validation.
 fn template(args: &RolloutArgs, kind: RolloutKind) -> Result<Template, Failure> {
     match kind {
-        RolloutKind::Reboot => {
-            if args.image.is_some()
-                || args.digest.is_some()
-                || args.url.is_some()
-                || args.sha256.is_some()
-            {
-                return Err(Failure::config(
-                    "--image, --digest, --url and --sha256 apply to upgrade only",
-                ));
-            }
-            Ok(Template {
-                kind: OperationKind::NodeReboot,
-                parameters: None,
-                secret: None,
-            })
-        }
+        RolloutKind::Reboot if args.from.is_set() => Err(Failure::config(
+            "--image, --digest, --url and --sha256 apply to upgrade only",
+        )),
+        RolloutKind::Reboot => Ok(Template {
+            kind: OperationKind::NodeReboot,
+            parameters: None,
+            secret: None,
+        }),
         RolloutKind::Upgrade => {
-            let (parameters, secret) = crate::cli::op::create::upgrade_parameters(&CreateArgs {
-                kind: CreateKind::Upgrade,
-                node: None,
-                selector: None,
-                image: args.image.clone(),
-                digest: args.digest.clone(),
-                url: args.url.clone(),
-                sha256: args.sha256.clone(),
-                ttl: None,
-                name: None,
-                wait: false,
-                timeout: None,
-            })?;
+            let (parameters, secret) = upgrade_parameters(&args.from)?;
             Ok(Template {
                 kind: OperationKind::AgentUpgrade,
                 parameters: Some(parameters),
