@@ -291,3 +291,74 @@ fn cli_doc_lists_every_exit_status() {
         );
     }
 }
+
+/// Every flexnode command docs/operator-guide.md shows (captured from the lab by
+/// e2e/guide/capture) still exists, with every flag it uses.
+#[test]
+fn operator_guide_commands_exist_with_their_flags() {
+    use clap::CommandFactory;
+    let guide = repo("docs/operator-guide.md");
+    let root = flexnode::cli::command::Cli::command();
+    let mut checked = Vec::new();
+    for line in guide.lines() {
+        let Some(shell) = line
+            .strip_prefix("$ ")
+            .or_else(|| line.strip_prefix("node# "))
+        else {
+            continue;
+        };
+        for part in shell.split(['|', ';', '&']) {
+            let words: Vec<&str> = part.split_whitespace().collect();
+            let Some(at) = words
+                .iter()
+                .position(|w| *w == "flexnode" || w.ends_with("/flexnode"))
+            else {
+                continue;
+            };
+            guide_command_exists(&root, &words[at + 1..], part);
+            checked.push(part.trim().to_string());
+        }
+    }
+    assert!(
+        checked.len() >= 12,
+        "too few commands in the guide: {checked:#?}"
+    );
+}
+
+fn guide_command_exists(root: &clap::Command, words: &[&str], line: &str) {
+    let mut path = vec![root];
+    let mut value_next = false;
+    for word in words {
+        if value_next {
+            value_next = false;
+            continue;
+        }
+        let cmd = path[path.len() - 1];
+        let flag = |pick: &dyn Fn(&clap::Arg) -> bool| {
+            path.iter()
+                .rev()
+                .flat_map(|c| c.get_arguments())
+                .find(|a| pick(a))
+                .cloned()
+        };
+        let arg = if let Some(long) = word.strip_prefix("--") {
+            let name = long.split('=').next().unwrap_or_default();
+            let arg = flag(&|a| a.get_long() == Some(name));
+            assert!(arg.is_some(), "`{line}`: no flag --{name}");
+            arg.filter(|_| !long.contains('='))
+        } else if let Some(short) = word.strip_prefix('-').filter(|s| s.len() == 1) {
+            let c = short.chars().next().unwrap_or_default();
+            let arg = flag(&|a| a.get_short() == Some(c));
+            assert!(arg.is_some(), "`{line}`: no flag -{c}");
+            arg
+        } else {
+            match cmd.find_subcommand(word) {
+                Some(sub) => path.push(sub),
+                // A positional value; a command with subcommands has none here.
+                None => assert!(!cmd.has_subcommands(), "`{line}`: no command {word:?}"),
+            }
+            None
+        };
+        value_next = arg.is_some_and(|a| a.get_action().takes_values());
+    }
+}

@@ -308,7 +308,9 @@ pub fn metrics_address(text: &str) -> Result<std::net::SocketAddr, ConfigError> 
         return Err(bad(
             "metricsAddress",
             format!(
-                "{addr} is not a loopback address: metrics are served on the node only                  (127.0.0.1:PORT or [::1]:PORT); a collector elsewhere scrapes through one on                  the node"
+                "{addr} is not a loopback address: metrics are served on the node only \
+                 (127.0.0.1:PORT or [::1]:PORT); a collector elsewhere scrapes through one \
+                 on the node"
             ),
         ));
     }

@@ -449,6 +449,7 @@ fn metrics_are_served_on_loopback_only() {
         let e = with(addr).expect_err(addr);
         assert_eq!(e.setting, "metricsAddress", "{addr}");
         assert!(e.message.contains(says), "{addr}: {e}");
+        assert!(!e.message.contains("  "), "one line, single spaces: {e}");
     }
     let c = Config::parse(
         &format!(

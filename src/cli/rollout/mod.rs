@@ -275,14 +275,15 @@ fn is_dns_label(s: &str) -> bool {
 fn print_plan(record: &Record, verb: &str) {
     let waves = record.waves();
     println!(
-        "rollout {} {verb} {} on {} of {} nodes matching {}, {} at a time ({} waves)",
+        "rollout {} {verb} {} on {} of {} nodes matching {}, {} at a time ({} wave{})",
         record.name,
         record.kind,
         waves.iter().map(Vec::len).sum::<usize>(),
         record.nodes.len(),
         record.selector,
         record.max_unavailable,
-        waves.len()
+        waves.len(),
+        if waves.len() == 1 { "" } else { "s" }
     );
     for (i, wave) in waves.iter().enumerate() {
         println!("  wave {}: {}", i + 1, wave.join(" "));
@@ -637,9 +638,10 @@ async fn drive(
     record.phase = Phase::Complete;
     cluster.save(&record).await?;
     println!(
-        "rollout {} complete: {} nodes",
+        "rollout {} complete: {} node{}",
         record.name,
-        record.done.len()
+        record.done.len(),
+        if record.done.len() == 1 { "" } else { "s" }
     );
     Ok(ExitCode::SUCCESS)
 }

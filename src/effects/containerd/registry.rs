@@ -253,7 +253,8 @@ impl Registry {
         // reqwest first, which answers with an error.
         if let Err(e) = reqwest::Client::builder().build() {
             return Err(failed(format!(
-                "this host's system trust store is unusable ({}); the registry client needs one                  even with trustedCAFile: install the CA certificates (Debian: ca-certificates)",
+                "this host's system trust store is unusable ({}); the registry client needs one \
+                 even with trustedCAFile: install the CA certificates (Debian: ca-certificates)",
                 describe(&e)
             )));
         }
