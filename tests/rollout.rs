@@ -137,20 +137,16 @@ async fn waves_keep_the_limit_stop_at_a_failure_resume_and_refuse_a_second_rollo
     let inflight = track(ops.clone());
 
     // --dry-run: the waves, nothing created.
-    let r = run(
-        kc,
-        &[
-            "reboot",
-            "--selector",
-            "tier=edge",
-            "--max-unavailable",
-            "40%",
-            "--name",
-            "r1",
-            "--dry-run",
-        ],
-    )
-    .await;
+    let r1 = [
+        "reboot",
+        "--selector",
+        "tier=edge",
+        "--max-unavailable",
+        "40%",
+        "--name",
+        "r1",
+    ];
+    let r = run(kc, &[&r1[..], &["--dry-run"]].concat()).await;
     assert_eq!(r.code, Some(0), "{r:?}");
     assert!(
         r.stdout
@@ -164,19 +160,7 @@ async fn waves_keep_the_limit_stop_at_a_failure_resume_and_refuse_a_second_rollo
 
     // edge-4's reboot fails: the rollout stops after its wave and names it.
     agents[3].host.inject("restart", FaultKind::Fail, 0);
-    let r = run(
-        kc,
-        &[
-            "reboot",
-            "--selector",
-            "tier=edge",
-            "--max-unavailable",
-            "40%",
-            "--name",
-            "r1",
-        ],
-    )
-    .await;
+    let r = run(kc, &r1).await;
     assert_eq!(r.code, Some(1), "{r:?}");
     assert!(
         r.stderr

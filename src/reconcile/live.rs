@@ -27,9 +27,14 @@ pub struct Live {
 }
 
 impl Live {
-    pub fn set_status(&self, text: &str) {
-        if let Ok(mut s) = self.status_text.lock() {
-            text.clone_into(&mut s);
+    /// Sets STATUS's text; whether it changed.
+    pub fn set_status(&self, text: &str) -> bool {
+        match self.status_text.lock() {
+            Ok(mut s) if *s != text => {
+                text.clone_into(&mut s);
+                true
+            }
+            _ => false,
         }
     }
 

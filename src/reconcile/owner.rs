@@ -54,13 +54,11 @@ struct Owner<S, C, H> {
     last_observed: Option<GoalObservation>,
     /// A bad environment the daemon waits out; no new work starts meanwhile.
     health: Health,
-    /// What systemd's STATUS says now.
-    status: String,
     /// The watches' account of themselves: claims wait while one is interrupted.
     counters: Arc<WatchCounters>,
     /// A read that a decision waits for failed (said once, until a read succeeds).
     unconfirmed: bool,
-    /// What `flexnode status` hears from this daemon.
+    /// What systemd's STATUS says now, which `flexnode status` also hears (`live.rs`).
     live: Arc<super::live::Live>,
 }
 
@@ -105,7 +103,6 @@ where
         told_waiting: Default::default(),
         last_observed: None,
         health: Health::new(config.etc.clone()),
-        status: String::new(),
         counters: config.counters.clone(),
         unconfirmed: false,
     };
@@ -276,10 +273,8 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
             Some(f) => format!("{f}; {}", f.remedy()),
             None => state.to_string(),
         };
-        if text != self.status {
+        if self.live.set_status(&text) {
             health::status_text(&text);
-            self.live.set_status(&text);
-            self.status = text;
         }
     }
 
