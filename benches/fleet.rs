@@ -585,6 +585,7 @@ fn agents(strategy: &str) {
                 etc: None,
                 metrics: None,
                 live_status: false,
+                ..Default::default()
             };
             counters.push(config.counters.clone());
             let store = tempfile::tempdir_in(&dir).expect("the agent's directory");

@@ -16,6 +16,7 @@ pub mod config;
 pub mod effects;
 pub mod exec;
 pub mod ignition;
+pub mod log;
 pub mod machine;
 pub mod metrics;
 pub mod reconcile;

@@ -610,3 +610,95 @@ async fn operations_run_without_the_machine_api() {
     assert_eq!(machine_restarts(&agent.host), 1);
     agent.kill().await;
 }
+
+/// A repave that fails is tried again after a pause that doubles per failure, not at every
+/// tick (the power-cut soak found a boot where containerd was not up yet retried about once
+/// a second: docs/reliability.md, "Power-cut soak"); once the cause is gone the next try
+/// applies the goal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    flexnode_skip = "controlplane",
+    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
+)]
+async fn a_failed_repave_is_tried_again_after_a_pause() {
+    let sc = Scenario::up().await;
+    create_node_and_machine(&sc.client, "edge-09", &[]).await;
+    let config = flexnode::reconcile::DaemonConfig {
+        node_name: "edge-09".into(),
+        tick: Duration::from_millis(300),
+        repave_retry: Duration::from_secs(2),
+        ..Default::default()
+    };
+    let agent = Agent::join_with(
+        support::agent::agent_client(&sc.lab, "edge-09").await,
+        tempfile::tempdir().expect("tmp"),
+        InstallMode::Host,
+        config,
+    )
+    .await;
+    let broken = "provision_machine(kube2)";
+    agent.host.world().broken.insert(broken.into());
+    let tries = || {
+        agent
+            .host
+            .world()
+            .calls
+            .iter()
+            .filter(|c| *c == broken)
+            .count()
+    };
+
+    // A new goal with the Node gone: a repave, whose provisioning fails every time.
+    let since = logs::mark();
+    let machines: Api<Machine> = Api::all(sc.client.clone());
+    let goal = serde_json::json!({"spec": {"kubernetes": {"version": "v1.34.3"}}});
+    machines
+        .patch(
+            "edge-09",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&goal),
+        )
+        .await
+        .expect("new goal");
+    Api::<Node>::all(sc.client.clone())
+        .delete("edge-09", &DeleteParams::default())
+        .await
+        .expect("delete node");
+    let first = logs::wait_line(since, Duration::from_secs(30), |l| {
+        l.contains("the repave failed 1 time(s) in a row; it is tried again in 2 s")
+    })
+    .await;
+    assert!(first.is_some(), "no paused repave failure logged");
+    // Tries at 0 s and 2 s, the next at 6 s: about 17 ticks in these 5 s, two tries.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let paced = tries();
+    assert!(
+        (2..=3).contains(&paced),
+        "{paced} provisioning tries in about 5 s"
+    );
+    assert!(
+        !logs::lines(since, |l| l
+            .contains("failed 2 time(s) in a row; it is tried again in 4 s"))
+        .is_empty(),
+        "the second failure doubles the pause"
+    );
+
+    // The cause gone: the next try applies the goal.
+    agent.host.world().broken.clear();
+    let applied = support::wait_for(Duration::from_secs(30), || async {
+        let m = machines.get("edge-09").await.ok()?;
+        let generation = m.metadata.generation?;
+        let c = m
+            .status?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "NodeUpdated")?;
+        (c.reason == "Applied" && c.observed_generation == Some(generation)).then_some(c)
+    })
+    .await;
+    assert!(
+        applied.is_some(),
+        "the goal was not applied once the cause was gone"
+    );
+    assert!(tries() <= 4, "{} tries", tries());
+}

@@ -69,6 +69,41 @@ async fn agent_upgrades_hand_off_to_the_new_daemon_once_each() {
             "{name}: {status:?}"
         );
     }
+    // The journal holds each transition's operation as fields (src/log.rs), from both
+    // daemons: the old one's claim and the new one's judgement.
+    let uid = ops.get("upgrade-1").await.expect("get").metadata.uid;
+    let entries = node.journal_entries(&["FLEXNODE_OPERATION=upgrade-1"]);
+    let claim = entries
+        .iter()
+        .find(|e| {
+            e["FLEXNODE_INPUT"]
+                .as_str()
+                .is_some_and(|i| i.starts_with("OperationClaimed("))
+        })
+        .unwrap_or_else(|| panic!("no claim among upgrade-1's journal entries: {entries:?}"));
+    assert_eq!(
+        claim["FLEXNODE_OPERATION_UID"].as_str(),
+        uid.as_deref(),
+        "{claim}"
+    );
+    assert_eq!(claim["FLEXNODE_KIND"], "AgentUpgrade", "{claim}");
+    assert_eq!(claim["FLEXNODE_PHASE"], "Upgrading", "{claim}");
+    assert_eq!(
+        claim["FLEXNODE_TRANSITION"], "Ready --OperationClaimed--> Upgrading_Staging",
+        "{claim}"
+    );
+    assert_eq!(claim["_SYSTEMD_UNIT"], "flexnode-agent.service", "{claim}");
+    assert_eq!(claim["SYSLOG_IDENTIFIER"], "flexnode", "{claim}");
+    assert_eq!(claim["PRIORITY"], "6", "{claim}");
+    let message = claim["MESSAGE"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("transition from=Ready") && message.contains("operation=upgrade-1"),
+        "the text keeps its fields: {claim}"
+    );
+    let pids: std::collections::BTreeSet<_> =
+        entries.iter().filter_map(|e| e["_PID"].as_str()).collect();
+    assert!(pids.len() >= 2, "both daemons name upgrade-1: {entries:?}");
+
     // The daemon's own account agrees.
     let out = node
         .container

@@ -433,10 +433,27 @@ fn reboot_rows() -> Vec<Row> {
                     reboot(),
                     Then {
                         state: Some("Rebooting"),
-                        effects: Some(&["ReportProgress", "RestartMachine", "AwaitNode"]),
-                        check: Some(|_, e| {
+                        effects: Some(&[
+                            "ReportProgress",
+                            "ReportMachine",
+                            "RestartMachine",
+                            "AwaitNode",
+                        ]),
+                        // The Machine says Rebooting before the restart, its applied
+                        // settings version kept.
+                        check: Some(|next, e| {
+                            let applied = next.node().map(|n| n.applied.generation);
+                            assert!(
+                                matches!(&e[1], Effect::ReportMachine {
+                                    phase: MachinePhase::Rebooting,
+                                    observed_generation,
+                                    ..
+                                } if *observed_generation == applied),
+                                "{:?}",
+                                e[1]
+                            );
                             assert_eq!(
-                                e[1],
+                                e[2],
                                 Effect::RestartMachine {
                                     side: Side::Kube1,
                                     not_before: T0
@@ -450,6 +467,19 @@ fn reboot_rows() -> Vec<Row> {
                 refuse_kind(claim("r2", ClaimKind::NodeReboot), "Busy"),
                 done(Then {
                     state: Some("Ready"),
+                    effects: Some(&["PublishResult", "ReportMachine"]),
+                    check: Some(|next, e| {
+                        let applied = next.node().map(|n| n.applied.generation);
+                        assert!(
+                            matches!(&e[1], Effect::ReportMachine {
+                                phase: MachinePhase::Ready,
+                                observed_generation,
+                                ..
+                            } if *observed_generation == applied),
+                            "{:?}",
+                            e[1]
+                        );
+                    }),
                     ..publishes(
                         ResultReason::Succeeded,
                         Message::Exactly("NodeReboot completed"),

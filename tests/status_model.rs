@@ -1,17 +1,21 @@
 //! One status model, every rendering: a daemon (simulated host, real kube-apiserver) runs one
-//! NodeReboot, and the operation's result shows in the MachineOperation's status, its Events,
-//! `flexnode status` (with the running daemon's own part over its socket, and
-//! without it once the daemon is gone, saying which) and the Prometheus scrape, which the
+//! NodeReboot, and the operation shows in the MachineOperation's status, the Machine's phase
+//! (Rebooting, then Ready), its Events, the log line of each transition (the journal's
+//! fields: tests/host_handoff.rs), `flexnode status` (with the running daemon's own part over
+//! its socket, and without it once the daemon is gone, saying which) and the Prometheus
+//! scrape (with a watch's reconnect once the API server went away and came back), which the
 //! linter `promtool check metrics` runs (e2e/promlint, built from its Go module) accepts.
 
 mod support;
 
-use flexnode::api::MachineOperation;
 use flexnode::api::machine_operation::OperationPhase;
+use flexnode::api::{Machine, MachineOperation};
 use flexnode::machine::agent::InstallMode;
 use flexnode::reconcile::DaemonConfig;
+use futures::StreamExt;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, PostParams};
+use kube::runtime::watcher;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -87,6 +91,8 @@ fn promlint(text: &str) -> String {
     ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
 )]
 async fn one_operation_shows_in_every_rendering() {
+    support::logs::init();
+    let since = support::logs::mark();
     let lab = Lab::up();
     apply_rbac(&lab);
     let admin = admin(&lab).await;
@@ -113,6 +119,24 @@ async fn one_operation_shows_in_every_rendering() {
     )
     .await;
 
+    // The Machine's phases as a watch sees them (the API server orders its events).
+    let phases = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let machines: Api<Machine> = Api::all(admin.clone());
+    let sink = phases.clone();
+    let machine_watch = tokio::spawn(async move {
+        let config = watcher::Config::default().fields(&format!("metadata.name={NODE}"));
+        let mut stream = watcher::watcher(machines, config).boxed();
+        while let Some(event) = stream.next().await {
+            let (Ok(watcher::Event::Apply(m)) | Ok(watcher::Event::InitApply(m))) = event else {
+                continue;
+            };
+            let phase = format!("{:?}", m.status.and_then(|s| s.phase));
+            let mut seen = sink.lock().unwrap_or_else(|p| p.into_inner());
+            if seen.last() != Some(&phase) {
+                seen.push(phase);
+            }
+        }
+    });
     let ops: Api<MachineOperation> = Api::all(admin.clone());
     ops.create(&PostParams::default(), &node_reboot("reboot-m", NODE))
         .await
@@ -123,6 +147,42 @@ async fn one_operation_shows_in_every_rendering() {
     })
     .await;
     assert!(done.is_some(), "reboot-m did not complete");
+
+    // The Machine was Rebooting, and is Ready again.
+    let ready = wait_for(Duration::from_secs(10), || async {
+        let seen = phases.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        (seen.last().map(String::as_str) == Some("Some(Ready)")).then_some(seen)
+    })
+    .await;
+    machine_watch.abort();
+    let seen = phases.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let ready = ready.unwrap_or_else(|| panic!("the Machine is not Ready again: {seen:?}"));
+    let rebooting = ready.iter().position(|p| p == "Some(Rebooting)");
+    assert!(
+        rebooting.is_some_and(|i| ready[i..].iter().any(|p| p == "Some(Ready)")),
+        "the Machine's phases: {ready:?}"
+    );
+
+    // The log line of each transition names its operation, as the journal's fields do
+    // (src/log.rs; tests/host_handoff.rs reads them from a real journal).
+    let uid = done
+        .as_ref()
+        .and_then(|op| op.metadata.uid.clone())
+        .expect("uid");
+    for transition in [
+        "Ready --OperationClaimed--> Rebooting",
+        "Rebooting --EffectsDone--> Ready",
+    ] {
+        let fields = format!(
+            "operation=reboot-m operation_uid={uid} kind=NodeReboot phase={} transition={transition}",
+            transition.rsplit(' ').next().unwrap_or_default()
+        );
+        let lines = support::logs::lines(since, |l| l.contains(" transition from="));
+        assert!(
+            lines.iter().any(|l| l.ends_with(&fields)),
+            "no line ends with {fields:?}: {lines:#?}"
+        );
+    }
 
     let url = format!("http://{addr}/metrics");
     // The result is counted once it is published: the scrape may come just before.
@@ -226,6 +286,30 @@ async fn one_operation_shows_in_every_rendering() {
         "{human}"
     );
     assert!(human.contains("reboot-m"), "{human}");
+
+    // The API server goes away and comes back: each watch's reconnect is counted, and the
+    // last contact is after the return.
+    let own = "flexnode_watch_reconnects_total{watch=\"own\"}";
+    assert_eq!(sample(&get(&url).await.2, own), None, "no reconnect yet");
+    lab.stop_apiserver();
+    // Any contact after this is with the API server that came back.
+    let stopped = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64();
+    lab.start_apiserver(false);
+    let text = wait_for(Duration::from_secs(60), || async {
+        let text = get(&url).await.2;
+        (sample(&text, own) == Some(1.0)).then_some(text)
+    })
+    .await
+    .unwrap_or_else(|| panic!("no reconnect of the own watch counted"));
+    let contact = sample(&text, "flexnode_last_api_contact_timestamp_seconds").expect("contact");
+    assert!(
+        contact > stopped,
+        "last contact {contact}, API server stopped at {stopped}"
+    );
+    assert_eq!(promlint(&text), "");
     agent.kill().await;
     let json: serde_json::Value = serde_json::from_str(&status("json")).expect("status JSON");
     assert_eq!(json["lastResult"]["operation"], "reboot-m", "{json}");

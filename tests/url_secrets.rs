@@ -176,13 +176,14 @@ impl Logs {
 }
 
 /// Everything a simulated node shows after it took an upgrade from `raw`: results, status
-/// writes, calls, the journal, `flexnode status` (human and JSON) and the log lines (text and
-/// JSON, every level).
+/// writes, calls, the journal, `flexnode status` (human and JSON) and the log lines (text,
+/// JSON and the journald entries with their fields, every level).
 fn simulated_node(raw: &str, mode: InstallMode, served: bool) -> String {
     let dir = tempfile::tempdir().expect("tmp");
     let path = dir.path().join("state/state.db");
     let logs = Logs::default();
     let json_logs = Logs::default();
+    let journal = Logs::default();
     use tracing_subscriber::layer::SubscriberExt;
     let subscriber = tracing_subscriber::registry()
         .with(
@@ -195,6 +196,17 @@ fn simulated_node(raw: &str, mode: InstallMode, served: bool) -> String {
                 .json()
                 .with_writer(json_logs.clone()),
         )
+        // What the journal would get: MESSAGE and every field.
+        .with(flexnode::log::Journal({
+            let sink = journal.clone();
+            move |entry: &flexnode::log::Entry| {
+                let line = format!("{entry:?}\n");
+                sink.0
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .extend_from_slice(line.as_bytes());
+            }
+        }))
         .with(tracing_subscriber::filter::LevelFilter::TRACE);
     let mut node = SimNode::new(&path, BASE);
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -235,7 +247,12 @@ fn simulated_node(raw: &str, mode: InstallMode, served: bool) -> String {
     shown.push_str(&serde_json::to_string(&report).expect("json"));
     shown.push_str(&logs.text());
     shown.push_str(&json_logs.text());
+    shown.push_str(&journal.text());
     assert!(logs.text().contains("transition"), "the logs were captured");
+    assert!(
+        journal.text().contains("FLEXNODE_OPERATION"),
+        "the journal entries were captured"
+    );
     shown
 }
 

@@ -11,7 +11,7 @@ use crate::config::NodeImage;
 use crate::effects::{Containerd, EffectError, Effects, Host, Publisher, Systemd};
 use crate::machine::agent::{AgentBuild, Sha256Hex};
 use crate::machine::policy::Policy;
-use crate::machine::{Input, NodeState, Refusal, Timestamp, step};
+use crate::machine::{Input, NodeState, Refusal, Timestamp, step, table};
 use crate::store::{Intent, Store, StoreError};
 use std::collections::BTreeMap;
 
@@ -174,15 +174,33 @@ where
             if !next.next.awaits_successor() {
                 self.restart_requested = false;
             }
-            tracing::info!(from = %from, input = %next_input, to = %next.next, "transition");
+            // The operation the step belongs to: the one it starts or runs, else the one it
+            // ends, else the one it was fed (a claim refused at once).
+            let claimed = match &next_input {
+                Input::OperationClaimed(claim) => Some((&claim.op, claim.kind.name())),
+                _ => None,
+            };
+            let op = next.next.operation().or(from.operation()).or(claimed);
+            let (from_label, to_label) = (table::label(&from), table::label(&next.next));
+            tracing::info!(
+                from = %from,
+                input = %next_input,
+                to = %next.next,
+                operation = op.map(|(op, _)| display(&op.name)),
+                operation_uid = op.map(|(op, _)| display(&op.uid)),
+                kind = op.map(|(_, kind)| display(kind)),
+                phase = %next.next.phase_name(),
+                transition = %format_args!("{from_label} --{}--> {to_label}", next_input.name()),
+                "transition"
+            );
             if !next.effects.is_empty() {
                 let outcome = self.run_effects(&next.effects, None).await;
                 self.record_outcome(seq, &next.next, outcome, "")?;
             }
             crate::metrics::transition(
-                &crate::machine::table::label(&from),
+                &from_label,
                 next_input.name(),
-                &crate::machine::table::label(&next.next),
+                &to_label,
                 began.elapsed().as_secs_f64(),
             );
         }

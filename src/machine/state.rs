@@ -3,6 +3,7 @@
 
 use super::agent::{AgentBuild, InstallMode};
 use super::agent::{Arch, UpgradeTarget};
+use super::input::ClaimKind;
 use super::time::Timestamp;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -275,6 +276,26 @@ impl NodeState {
             | Self::Repaving { .. } => None,
             Self::Rebooting { run, .. } | Self::Upgrading { run, .. } => Some(run),
             Self::Resetting { run, .. } => run.as_ref(),
+        }
+    }
+
+    /// The operation this state runs and its kind, as [`ClaimKind::name`] spells it.
+    pub fn operation(&self) -> Option<(&OpRef, &'static str)> {
+        match self {
+            Self::Rebooting { run, .. } => Some((&run.op, ClaimKind::NodeReboot.name())),
+            Self::Upgrading { run, .. } => Some((
+                &run.op,
+                ClaimKind::AgentUpgrade {
+                    parameters: Default::default(),
+                }
+                .name(),
+            )),
+            Self::Resetting { run: Some(run), .. } => Some((&run.op, ClaimKind::AgentReset.name())),
+            Self::Unjoined { .. }
+            | Self::Joining { .. }
+            | Self::Ready { .. }
+            | Self::Repaving { .. }
+            | Self::Resetting { run: None, .. } => None,
         }
     }
 

@@ -20,6 +20,8 @@ pub struct DaemonConfig {
     pub metrics: Option<std::net::SocketAddr>,
     /// Answer `flexnode status` on the socket next to the store (`live.rs`).
     pub live_status: bool,
+    /// The pause after a repave's first failure, doubling per failure (`repave_pause.rs`).
+    pub repave_retry: Duration,
 }
 
 impl Default for DaemonConfig {
@@ -33,6 +35,7 @@ impl Default for DaemonConfig {
             etc: None,
             metrics: None,
             live_status: false,
+            repave_retry: Duration::from_secs(15),
         }
     }
 }

@@ -10,6 +10,7 @@ pub mod live;
 pub mod liveness;
 pub mod metrics;
 pub mod owner;
+pub mod repave_pause;
 pub mod watch;
 
 use crate::api::{Machine, MachineOperation};

@@ -52,6 +52,8 @@ struct Owner<S, C, H> {
     told_waiting: std::collections::HashSet<String>,
     /// The goal observation last logged (logged again only when it changes).
     last_observed: Option<GoalObservation>,
+    /// When a failed repave may be tried again.
+    repave_pause: super::repave_pause::RepavePause,
     /// A bad environment the daemon waits out; no new work starts meanwhile.
     health: Health,
     /// The watches' account of themselves: claims wait while one is interrupted.
@@ -102,6 +104,7 @@ where
         machine: None,
         told_waiting: Default::default(),
         last_observed: None,
+        repave_pause: super::repave_pause::RepavePause::new(config.repave_retry),
         health: Health::new(config.etc.clone()),
         counters: config.counters.clone(),
         unconfirmed: false,
@@ -536,6 +539,15 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
         // Only then: a node without a kubelet has no Node for good, and every tick would ask.
         let state = self.runner.state()?;
         let repave = self.goal_changed(&state) && matches!(self.node, Some(None));
+        if repave
+            && let Some(Some(m)) = &self.machine
+            && self.repave_pause.waits(
+                m.metadata.generation.unwrap_or(0),
+                std::time::Instant::now(),
+            )
+        {
+            return Ok(());
+        }
         let signal = matches!(state, NodeState::Ready { .. })
             && matches!(
                 (&self.node, &self.machine),
@@ -567,6 +579,8 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
         };
         let observed = GoalObservation { node, machine };
         let fed = self.feed(Input::GoalObserved(observed.clone())).await?;
+        self.repave_pause
+            .observed(&state, &observed, &fed, &self.node_name);
         if self.last_observed.as_ref() != Some(&observed) {
             tracing::info!(
                 node = %self.node_name,

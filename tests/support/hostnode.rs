@@ -149,6 +149,23 @@ impl HostNode {
             .collect()
     }
 
+    /// The journal's entries matching `matches` (`FIELD=value`, as `journalctl` takes them),
+    /// every field of each.
+    pub fn journal_entries(&self, matches: &[&str]) -> Vec<serde_json::Value> {
+        let mut args = vec!["journalctl", "--no-pager", "-o", "json"];
+        args.extend_from_slice(matches);
+        let out = self.container.exec(&args);
+        assert!(
+            out.status.success(),
+            "journalctl: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
     /// An AgentUpgrade to the archive at `url`: created, awaited until `Complete/Succeeded`,
     /// and its moments read from the journal. Panics on any other outcome.
     pub async fn upgrade(&self, client: &Client, op: &str, url: &str, sha: &str) -> Handoff {

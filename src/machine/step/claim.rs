@@ -1,12 +1,12 @@
 //! A claimed operation on a resting node: what each kind starts.
 
-use super::{Step, finish};
+use super::{Step, finish, machine_report};
 use crate::machine::agent::{AgentBuild, Slot, UpgradeTarget};
 use crate::machine::effect::Effect;
 use crate::machine::input::{Claim, ClaimKind};
 use crate::machine::policy::Policy;
 use crate::machine::refusal::Refusal;
-use crate::machine::result::ResultReason;
+use crate::machine::result::{MachinePhase, ResultReason};
 use crate::machine::state::{NodeInfo, NodeState, OpRun, ResetCause, ResetPhase, UpgradePhase};
 use crate::machine::time::Timestamp;
 use crate::machine::validate::validate_upgrade;
@@ -46,6 +46,11 @@ pub(super) fn claim_operation(
                     "restarting active nspawn machine {}",
                     node.active.name()
                 )),
+                machine_report(
+                    MachinePhase::Rebooting,
+                    &format!("{} restarts its nspawn machine", claim.op.name),
+                    Some(node.applied.generation),
+                ),
                 Effect::RestartMachine {
                     side: node.active,
                     not_before: now,

@@ -154,14 +154,20 @@ pub fn step(
         (S::Ready { .. }, I::Tick) => Ok(Step::stay(state)),
 
         // ---- NodeReboot ----------------------------------------------------------------
-        (S::Rebooting { node, run }, I::EffectsDone) => {
-            Ok(finish(node, run, ResultReason::Succeeded, MSG_REBOOT_DONE))
-        }
-        (S::Rebooting { node, run }, I::EffectsFailed { message }) => {
-            Ok(finish(node, run, ResultReason::ExecutionFailed, message))
-        }
+        (S::Rebooting { node, run }, I::EffectsDone) => Ok(finish_reboot(
+            node,
+            run,
+            ResultReason::Succeeded,
+            MSG_REBOOT_DONE,
+        )),
+        (S::Rebooting { node, run }, I::EffectsFailed { message }) => Ok(finish_reboot(
+            node,
+            run,
+            ResultReason::ExecutionFailed,
+            message,
+        )),
         (S::Rebooting { node, run }, I::Tick) => Ok(if now >= run.deadline {
-            finish(
+            finish_reboot(
                 node,
                 run,
                 ResultReason::ExecutionFailed,
@@ -337,6 +343,18 @@ fn finish(node: &NodeInfo, run: &OpRun, reason: ResultReason, message: &str) -> 
             result: op_result(run, reason, message),
         }],
     )
+}
+
+/// A reboot's end also ends the Machine's `Rebooting`: its phase is `Ready` again, and its
+/// applied settings version unchanged.
+fn finish_reboot(node: &NodeInfo, run: &OpRun, reason: ResultReason, message: &str) -> Step {
+    let mut step = finish(node, run, reason, message);
+    step.effects.push(machine_report(
+        MachinePhase::Ready,
+        &format!("{} is over: {message}", run.op.name),
+        Some(node.applied.generation),
+    ));
+    step
 }
 
 fn op_result(run: &OpRun, reason: ResultReason, message: &str) -> OpResult {
