@@ -178,6 +178,13 @@ Prometheus metrics tell the same story.
     g.step("node#", "flexnode status")
     g.step("node#", "flexnode status -o json | head -20")
     g.step("$", "kubectl get events --field-selector involvedObject.name=upgrade-1")
+    g.text("""In the journal each transition names its operation in fields (`docs/cli.md`, "The
+journal"): one operation's lines, from the daemon that claimed it and the one it handed off
+to, then the fields of one of its entries:
+""")
+    g.step("node#", "journalctl -o cat FLEXNODE_OPERATION=upgrade-1", tail=8)
+    g.step("node#", "journalctl -o verbose FLEXNODE_OPERATION=upgrade-1 FLEXNODE_PHASE=Upgrading -n 1 "
+           "| grep -E '^ *(PRIORITY|_SYSTEMD_UNIT|FLEXNODE_[A-Z_]+)='")
     g.text("""The node has no curl; bash reads the metrics (`curl -s 127.0.0.1:9464/metrics` where
 there is one):
 """)
