@@ -18,7 +18,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Registry};
 
 /// The prefix of every field this process adds to its journal entries.
-pub const FIELD_PREFIX: &str = "FLEXNODE_";
+const FIELD_PREFIX: &str = "FLEXNODE_";
 
 /// Installs the process's subscriber; `level` applies unless `RUST_LOG` says otherwise.
 pub fn init(level: &str) {
@@ -109,7 +109,7 @@ impl Visit for Fields {
 
 /// `operation_uid` → `FLEXNODE_OPERATION_UID`: journal field names are upper-case letters,
 /// digits and `_`.
-pub fn journal_name(field: &str) -> String {
+fn journal_name(field: &str) -> String {
     let mut name = String::from(FIELD_PREFIX);
     name.extend(field.chars().map(|c| {
         if c.is_ascii_alphanumeric() {

@@ -444,11 +444,7 @@ fn reboot_rows() -> Vec<Row> {
                         check: Some(|next, e| {
                             let applied = next.node().map(|n| n.applied.generation);
                             assert!(
-                                matches!(&e[1], Effect::ReportMachine {
-                                    phase: MachinePhase::Rebooting,
-                                    observed_generation,
-                                    ..
-                                } if *observed_generation == applied),
+                                reports_machine(&e[1..2], MachinePhase::Rebooting, applied),
                                 "{:?}",
                                 e[1]
                             );
@@ -471,11 +467,7 @@ fn reboot_rows() -> Vec<Row> {
                     check: Some(|next, e| {
                         let applied = next.node().map(|n| n.applied.generation);
                         assert!(
-                            matches!(&e[1], Effect::ReportMachine {
-                                phase: MachinePhase::Ready,
-                                observed_generation,
-                                ..
-                            } if *observed_generation == applied),
+                            reports_machine(&e[1..2], MachinePhase::Ready, applied),
                             "{:?}",
                             e[1]
                         );

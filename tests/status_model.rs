@@ -45,6 +45,14 @@ async fn get(url: &str) -> (u16, String, String) {
     (status, content_type, r.text().await.expect("body"))
 }
 
+/// The wall clock in seconds, as the metrics' timestamps give it.
+fn now_secs() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64()
+}
+
 /// The value of the sample `series` (name and labels exactly as rendered).
 fn sample(text: &str, series: &str) -> Option<f64> {
     text.lines()
@@ -98,10 +106,7 @@ async fn one_operation_shows_in_every_rendering() {
     let admin = admin(&lab).await;
     create_node_and_machine(&admin, NODE, &[]).await;
     let addr = free_port();
-    let started = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_secs_f64();
+    let started = now_secs();
     let config = DaemonConfig {
         node_name: NODE.into(),
         tick: Duration::from_millis(300),
@@ -293,10 +298,7 @@ async fn one_operation_shows_in_every_rendering() {
     assert_eq!(sample(&get(&url).await.2, own), None, "no reconnect yet");
     lab.stop_apiserver();
     // Any contact after this is with the API server that came back.
-    let stopped = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_secs_f64();
+    let stopped = now_secs();
     lab.start_apiserver(false);
     let text = wait_for(Duration::from_secs(60), || async {
         let text = get(&url).await.2;

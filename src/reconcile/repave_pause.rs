@@ -52,7 +52,7 @@ impl RepavePause {
         let pause = self
             .first
             .saturating_mul(1 << (failures - 1).min(16))
-            .min(MOST.max(self.first));
+            .min(MOST);
         self.last = Some(Failed {
             generation,
             failures,

@@ -121,25 +121,9 @@ impl HostNode {
 
     /// The agent unit's journal since `since` (µs since the epoch).
     pub fn journal(&self, since: u64) -> Vec<Line> {
-        let since = format!("@{}", since / 1_000_000);
-        let out = self.container.exec(&[
-            "journalctl",
-            "--no-pager",
-            "-o",
-            "json",
-            "-u",
-            "flexnode-agent",
-            "--since",
-            &since,
-        ]);
-        assert!(
-            out.status.success(),
-            "journalctl: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        let since = format!("--since=@{}", since / 1_000_000);
+        self.journal_entries(&["-u", "flexnode-agent", &since])
+            .into_iter()
             .filter_map(|j| {
                 Some(Line {
                     usec: j["__REALTIME_TIMESTAMP"].as_str()?.parse().ok()?,
@@ -149,12 +133,12 @@ impl HostNode {
             .collect()
     }
 
-    /// The journal's entries matching `matches` (`FIELD=value`, as `journalctl` takes them),
-    /// every field of each.
-    pub fn journal_entries(&self, matches: &[&str]) -> Vec<serde_json::Value> {
-        let mut args = vec!["journalctl", "--no-pager", "-o", "json"];
-        args.extend_from_slice(matches);
-        let out = self.container.exec(&args);
+    /// The journal's entries that `args` select (`-u UNIT`, `FIELD=value`, as `journalctl`
+    /// takes them), every field of each.
+    pub fn journal_entries(&self, args: &[&str]) -> Vec<serde_json::Value> {
+        let mut command = vec!["journalctl", "--no-pager", "-o", "json"];
+        command.extend_from_slice(args);
+        let out = self.container.exec(&command);
         assert!(
             out.status.success(),
             "journalctl: {}",
