@@ -27,8 +27,14 @@ fn rollout(kubeconfig: &Path, args: &[&str]) -> tokio::process::Command {
     support::cli::command("rollout", kubeconfig, args)
 }
 
+/// Runs `flexnode rollout ARGS`; a wave that hangs ends it in 120 s (exit 3, its nodes' phases
+/// printed) instead of the default 30 minutes, so a stuck agent fails the test with the story.
 async fn run(kubeconfig: &Path, args: &[&str]) -> Run {
-    support::cli::run("rollout", kubeconfig, args).await
+    let mut args = args.to_vec();
+    if !args.contains(&"--wave-timeout") {
+        args.extend(["--wave-timeout", "120s"]);
+    }
+    support::cli::run("rollout", kubeconfig, &args).await
 }
 
 /// The most operations of the rollouts that were going at once, per rollout, from a watch
@@ -109,6 +115,8 @@ fn names(list: &[&str]) -> BTreeSet<String> {
 )]
 async fn waves_keep_the_limit_stop_at_a_failure_resume_and_refuse_a_second_rollout() {
     let lab = Lab::up();
+    // ≈ 40 s on an idle 2-core machine.
+    lab.watchdog(Duration::from_secs(600));
     apply_rbac(&lab);
     let admin = admin(&lab).await;
     let kc = lab.kubeconfig();
@@ -213,11 +221,22 @@ async fn waves_keep_the_limit_stop_at_a_failure_resume_and_refuse_a_second_rollo
     // Two at once on one selector: the second is refused while the first runs (its node's
     // agent is down, so its wave waits), then the first finishes.
     agents[5].kill().await;
-    let first = rollout(kc, &["reboot", "--selector", "tier=core", "--name", "c1"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("start c1");
+    let first = rollout(
+        kc,
+        &[
+            "reboot",
+            "--selector",
+            "tier=core",
+            "--name",
+            "c1",
+            "--wave-timeout",
+            "100s",
+        ],
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .expect("start c1");
     let recorded = wait_for(Duration::from_secs(30), || async {
         phase_label(&maps, "c1").await.filter(|p| p == "Running")
     })

@@ -115,6 +115,26 @@ impl Lab {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Ends the test process if the test still runs after `limit`, the control plane taken
+    /// down first: a hang (a daemon task that died, a wait without end) fails the run in
+    /// minutes instead of using up CI's time, as a cargo test has no time limit of its own.
+    pub fn watchdog(&self, limit: std::time::Duration) {
+        let dir = self.dir.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(limit);
+            eprintln!(
+                "watchdog: the test still runs after {} s: taking its control plane down and exiting",
+                limit.as_secs()
+            );
+            let _ = Command::new(script())
+                .arg("down")
+                .arg("--dir")
+                .arg(&dir)
+                .status();
+            std::process::exit(101);
+        });
+    }
+
     /// The admin kubeconfig.
     pub fn kubeconfig(&self) -> PathBuf {
         self.dir.join("admin.kubeconfig")
