@@ -116,7 +116,8 @@ fn names(list: &[&str]) -> BTreeSet<String> {
 async fn waves_keep_the_limit_stop_at_a_failure_resume_and_refuse_a_second_rollout() {
     let lab = Lab::up();
     // ≈ 40 s on an idle 2-core machine.
-    lab.watchdog(Duration::from_secs(600));
+    let steps = lab.watchdog(Duration::from_secs(600));
+    steps.at("joining six simulated agents");
     apply_rbac(&lab);
     let admin = admin(&lab).await;
     let kc = lab.kubeconfig();
@@ -144,6 +145,7 @@ async fn waves_keep_the_limit_stop_at_a_failure_resume_and_refuse_a_second_rollo
     let maps: Api<ConfigMap> = Api::namespaced(admin.clone(), "default");
     let inflight = track(ops.clone());
 
+    steps.at("r1 --dry-run");
     // --dry-run: the waves, nothing created.
     let r1 = [
         "reboot",
@@ -166,6 +168,7 @@ async fn waves_keep_the_limit_stop_at_a_failure_resume_and_refuse_a_second_rollo
     assert!(operations(&ops, "r1").await.is_empty());
     assert_eq!(phase_label(&maps, "r1").await, None);
 
+    steps.at("r1, stopping at edge-4");
     // edge-4's reboot fails: the rollout stops after its wave and names it.
     agents[3].host.inject("restart", FaultKind::Fail, 0);
     let r = run(kc, &r1).await;
@@ -190,6 +193,7 @@ async fn waves_keep_the_limit_stop_at_a_failure_resume_and_refuse_a_second_rollo
     assert!(r.stderr.contains("rollout r1 (Stopped"), "{r:?}");
     assert!(operations(&ops, "r2").await.is_empty());
 
+    steps.at("r1 --resume");
     // Resumed: edge-4 gets a new operation, edge-5 its first; nothing done runs again.
     let r = run(kc, &["--resume", "r1"]).await;
     assert_eq!(r.code, Some(0), "{r:?}");
@@ -218,6 +222,7 @@ async fn waves_keep_the_limit_stop_at_a_failure_resume_and_refuse_a_second_rollo
     assert_eq!(r.code, Some(0), "{r:?}");
     assert!(r.stdout.contains("already complete"), "{r:?}");
 
+    steps.at("c1 and c2 at once");
     // Two at once on one selector: the second is refused while the first runs (its node's
     // agent is down, so its wave waits), then the first finishes.
     agents[5].kill().await;
@@ -257,10 +262,12 @@ async fn waves_keep_the_limit_stop_at_a_failure_resume_and_refuse_a_second_rollo
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(operations(&ops, "c2").await.is_empty());
+    steps.at("c3");
     // A complete rollout frees its selector.
     let r = run(kc, &["reboot", "--selector", "tier=core", "--name", "c3"]).await;
     assert_eq!(r.code, Some(0), "{r:?}");
 
+    steps.at("t1 and its resume");
     // A wave that does not finish in time stops the rollout (exit 3); the resume waits for
     // the same operation rather than starting another.
     agents[5].kill().await;

@@ -188,20 +188,16 @@ pub fn status_text(text: &str) {
         .chars()
         .take(480)
         .collect();
-    if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Status(&line)]) {
-        tracing::warn!(error = %e, "sd_notify failed");
-    }
+    super::liveness::notify(&[sd_notify::NotifyState::Status(&line)]);
 }
 
 /// Waiting for the store counts as started for systemd (so it neither kills the agent for a
 /// slow start nor restarts it); STATUS says what it waits for. The watchdog is fed meanwhile.
 pub fn ready_while_waiting() {
-    if let Err(e) = sd_notify::notify(&[
+    super::liveness::notify(&[
         sd_notify::NotifyState::Ready,
         sd_notify::NotifyState::Watchdog,
-    ]) {
-        tracing::warn!(error = %e, "sd_notify failed");
-    }
+    ]);
 }
 
 /// `fault` through every channel: the log, STATUS, and (with a publisher) the Machine's

@@ -63,16 +63,86 @@ pub fn due(last_ms: u64, now_ms: u64) -> bool {
     now_ms.saturating_sub(last_ms) >= EVERY_MS || now_ms < last_ms
 }
 
-/// Tells systemd; a no-op outside a `Type=notify` unit.
+/// Tells systemd; a no-op outside a `Type=notify` unit. Never waits: a message the manager's
+/// socket has no room for is dropped, since a watchdog ping or a STATUS line is worth nothing
+/// late, while a wait would stall this runtime thread for as long as nothing reads the socket.
 pub fn notify(states: &[sd_notify::NotifyState<'_>]) {
-    if let Err(e) = sd_notify::notify(states) {
-        tracing::warn!(error = %e, "sd_notify failed");
+    match send(states) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+            tracing::debug!("sd_notify dropped: the notification socket is full");
+        }
+        Err(e) => tracing::warn!(error = %e, "sd_notify failed"),
     }
+}
+
+/// `sd_notify(3)`'s protocol, sent without blocking: the sd-notify and libsystemd crates send
+/// with a blocking call and have no other (the states' text is still sd-notify's).
+fn send(states: &[sd_notify::NotifyState<'_>]) -> std::io::Result<()> {
+    match std::env::var_os("NOTIFY_SOCKET") {
+        Some(path) => send_to(&path, states),
+        None => Ok(()),
+    }
+}
+
+/// To the socket `path` names (a leading `@`: an abstract one).
+fn send_to(path: &std::ffi::OsStr, states: &[sd_notify::NotifyState<'_>]) -> std::io::Result<()> {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    let msg: String = states.iter().map(|s| format!("{s}\n")).collect();
+    let addr = match path.as_bytes().strip_prefix(b"@") {
+        Some(name) => SocketAddr::from_abstract_name(name)?,
+        None => SocketAddr::from_pathname(path)?,
+    };
+    let sock = UnixDatagram::unbound()?;
+    sock.set_nonblocking(true)?;
+    sock.send_to_addr(msg.as_bytes(), &addr)?;
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_socket_nobody_reads_drops_the_message_instead_of_blocking() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("notify");
+        let manager = std::os::unix::net::UnixDatagram::bind(&path).expect("bind");
+        let ping = [sd_notify::NotifyState::Watchdog];
+        let mut sent = 0;
+        let full = loop {
+            match send_to(path.as_os_str(), &ping) {
+                Ok(()) => sent += 1,
+                Err(e) => break e,
+            }
+            assert!(sent < 100_000, "the socket never filled");
+        };
+        assert_eq!(full.kind(), std::io::ErrorKind::WouldBlock, "{full}");
+        let mut buf = [0u8; 64];
+        let n = manager.recv(&mut buf).expect("recv");
+        assert_eq!(&buf[..n], b"WATCHDOG=1\n");
+        // Room again: the next message goes.
+        send_to(path.as_os_str(), &[sd_notify::NotifyState::Ready]).expect("send");
+    }
+
+    #[test]
+    fn an_abstract_socket_is_reached_by_its_name() {
+        use std::os::linux::net::SocketAddrExt;
+        let name = format!("flexnode-test-{}", std::process::id());
+        let addr =
+            std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).expect("addr");
+        let manager = std::os::unix::net::UnixDatagram::bind_addr(&addr).expect("bind");
+        send_to(
+            std::ffi::OsStr::new(&format!("@{name}")),
+            &[sd_notify::NotifyState::Status("waiting")],
+        )
+        .expect("send");
+        let mut buf = [0u8; 64];
+        let n = manager.recv(&mut buf).expect("recv");
+        assert_eq!(&buf[..n], b"STATUS=waiting\n");
+    }
 
     #[test]
     fn before_ready_progress_extends_the_start_timeout_after_it_only_feeds_the_watchdog() {

@@ -18,8 +18,21 @@ pub mod suite;
 pub mod tier;
 pub mod tmpfs;
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// The step a test is at, for [`Lab::watchdog`] to tell.
+#[derive(Clone, Default)]
+pub struct Steps(std::sync::Arc<std::sync::Mutex<String>>);
+
+impl Steps {
+    pub fn at(&self, step: &str) {
+        if let Ok(mut s) = self.0.lock() {
+            *s = step.to_string();
+        }
+    }
+}
 
 /// A control plane of our own (e2e/controlplane/run), stopped when dropped.
 pub struct Lab {
@@ -115,15 +128,21 @@ impl Lab {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// Ends the test process if the test still runs after `limit`, the control plane taken
-    /// down first: a hang (a daemon task that died, a wait without end) fails the run in
-    /// minutes instead of using up CI's time, as a cargo test has no time limit of its own.
-    pub fn watchdog(&self, limit: std::time::Duration) {
+    /// Ends the test process if the test still runs after `limit`, naming the step it was
+    /// at and taking the control plane down first: a hang (a daemon task that died, a wait
+    /// without end) fails the run in minutes instead of using up CI's time, as a cargo test has
+    /// no time limit of its own.
+    pub fn watchdog(&self, limit: std::time::Duration) -> Steps {
+        let steps = Steps::default();
+        let at = steps.clone();
         let dir = self.dir.clone();
         std::thread::spawn(move || {
             std::thread::sleep(limit);
-            eprintln!(
-                "watchdog: the test still runs after {} s: taking its control plane down and exiting",
+            let step = at.0.lock().map(|s| s.clone()).unwrap_or_default();
+            // Straight to stderr: libtest's capture (which `eprintln!` goes to) dies with us.
+            let _ = writeln!(
+                std::io::stderr(),
+                "watchdog: the test still runs after {} s, at: {step}; taking its control plane down and exiting",
                 limit.as_secs()
             );
             let _ = Command::new(script())
@@ -133,6 +152,7 @@ impl Lab {
                 .status();
             std::process::exit(101);
         });
+        steps
     }
 
     /// The admin kubeconfig.
