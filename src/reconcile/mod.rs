@@ -25,6 +25,10 @@ pub use watch::{OperationWatch, WatchCounters};
 pub enum Msg {
     Operation(Box<MachineOperation>),
     OperationGone(String),
+    /// An operation watch was interrupted: what it sent may be stale until it lists again.
+    OperationsStale {
+        watch: &'static str,
+    },
     /// An operation watch finished a (re-)list: every operation it selects has been sent.
     OperationsListed {
         watch: &'static str,

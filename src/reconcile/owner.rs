@@ -50,6 +50,8 @@ struct Owner<S, C, H> {
     machine: Option<Option<Box<Machine>>>,
     /// Operations already told (by an Event) that they wait for the node.
     told_waiting: std::collections::HashSet<String>,
+    /// Operation watches interrupted since their last list was handled.
+    stale: std::collections::HashSet<&'static str>,
     /// The goal observation last logged (logged again only when it changes).
     last_observed: Option<GoalObservation>,
     /// When a failed repave may be tried again.
@@ -103,6 +105,7 @@ where
         node: None,
         machine: None,
         told_waiting: Default::default(),
+        stale: Default::default(),
         last_observed: None,
         repave_pause: super::repave_pause::RepavePause::new(config.repave_retry),
         health: Health::new(config.etc.clone()),
@@ -297,7 +300,12 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
                 self.told_waiting.remove(&uid);
                 Ok(())
             }
+            Msg::OperationsStale { watch } => {
+                self.stale.insert(watch);
+                Ok(())
+            }
             Msg::OperationsListed { watch } => {
+                self.stale.remove(watch);
                 self.claim_waiting().await?;
                 self.log_listed(watch);
                 Ok(())
@@ -411,9 +419,11 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
     ///
     /// While a watch is interrupted (the API server away) nothing is claimed: a claim's first
     /// effect writes `InProgress`, and an outage would fail the operation instead of leaving
-    /// it for later.
+    /// it for later. Nor until each interrupted operation watch's next list has been handled
+    /// (`stale`, in message order): before it, an operation deleted meanwhile (an etcd that
+    /// lost its data) may still look like one waiting.
     async fn claim_waiting(&mut self) -> Result<(), DaemonError> {
-        if self.machine.is_none() || !self.counters.connected() {
+        if self.machine.is_none() || !self.counters.connected() || !self.stale.is_empty() {
             return Ok(());
         }
         let labels = self.labels();

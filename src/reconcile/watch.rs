@@ -302,6 +302,10 @@ pub fn operations(
                     }
                 }
             };
+            // In the owner's order: it claims nothing more until this watch's next list.
+            if link.away.is_none() && tx.send(Msg::OperationsStale { watch }).await.is_err() {
+                return;
+            }
             link.failed(&error).await;
         }
     })

@@ -212,6 +212,7 @@ pub async fn the_api_server_away_for_minutes_in_the_middle_of_three_operations()
 
     // ---- the API server goes away, each operation in the middle of its work ----
     let t_stop = Instant::now();
+    let t_stop_usec = now_usec();
     lab.stop_apiserver();
     let stopped = Instant::now();
     let staged = |host: &HostNode| {
@@ -416,7 +417,16 @@ pub async fn the_api_server_away_for_minutes_in_the_middle_of_three_operations()
         (lines.len() >= 4).then_some(lines)
     })
     .await
-    .expect("away-upgrade's four watches resynced");
+    .unwrap_or_else(|| {
+        panic!(
+            "away-upgrade's four watches did not resync within 90 s of the API server's return; its watch lines since the outage:\n{}",
+            journal_text(&upgrader, t_stop_usec)
+                .lines()
+                .filter(|l| l.contains("watch") || l.contains("Started"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        )
+    });
     for l in &host_lines {
         println!(
             "RECOVERY away-upgrade {} ms after the API server's return: {}",
@@ -577,7 +587,14 @@ pub async fn the_api_server_back_without_its_data() {
         restarted.is_some(),
         "w-running did not finish without the API server"
     );
-    let held = store_account(&worker.store).unpublished;
+    // The restart is counted when it returns; the step's outcome (and the result in the
+    // outbox) is committed right after it.
+    let held = crate::support::wait_for(Duration::from_secs(30), || async {
+        let held = store_account(&worker.store).unpublished;
+        (!held.is_empty()).then_some(held)
+    })
+    .await
+    .unwrap_or_default();
     assert_eq!(held, ["w-running"], "the result waits in the outbox");
 
     // Back on an empty etcd: the CRDs applied again by the script, then the agents' access
