@@ -23,18 +23,23 @@ use support::{Lab, wait_for};
 
 const LABEL: &str = "flexnode.io/rollout";
 
-fn rollout(kubeconfig: &Path, args: &[&str]) -> tokio::process::Command {
-    support::cli::command("rollout", kubeconfig, args)
-}
-
-/// Runs `flexnode rollout ARGS`; a wave that hangs ends it in 120 s (exit 3, its nodes' phases
-/// printed) instead of the default 30 minutes, so a stuck agent fails the test with the story.
-async fn run(kubeconfig: &Path, args: &[&str]) -> Run {
+/// ARGS with a wave timeout of 120 s unless they name one: a wave that hangs ends the rollout
+/// (exit 3, its nodes' phases printed) instead of after the default 30 minutes, so a stuck
+/// agent fails the test with the story.
+fn bounded<'a>(args: &[&'a str]) -> Vec<&'a str> {
     let mut args = args.to_vec();
     if !args.contains(&"--wave-timeout") {
         args.extend(["--wave-timeout", "120s"]);
     }
-    support::cli::run("rollout", kubeconfig, &args).await
+    args
+}
+
+fn rollout(kubeconfig: &Path, args: &[&str]) -> tokio::process::Command {
+    support::cli::command("rollout", kubeconfig, &bounded(args))
+}
+
+async fn run(kubeconfig: &Path, args: &[&str]) -> Run {
+    support::cli::run("rollout", kubeconfig, &bounded(args)).await
 }
 
 /// The most operations of the rollouts that were going at once, per rollout, from a watch
