@@ -12,6 +12,7 @@
 #[path = "support/sandbox.rs"]
 mod sandbox;
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -295,7 +296,7 @@ fn no_unit_is_more_exposed_than_recorded() {
 }
 
 /// The measurement has teeth: a unit without a sandbox is far above every sandboxed unit's
-/// recorded exposure (the host install's; the container install's units have none).
+/// recorded exposure.
 #[test]
 fn an_unsandboxed_unit_is_measured_as_exposed() {
     let analyze = systemd_analyze();
@@ -305,8 +306,34 @@ fn an_unsandboxed_unit_is_measured_as_exposed() {
     let bare = exposure(&analyze, &path);
     let worst = sandbox::EXPOSURE
         .iter()
-        .filter(|(mode, _, _)| *mode == "host")
         .map(|(_, _, e)| *e)
         .fold(0.0, f64::max);
     assert!(bare > 9.0 && bare > worst, "bare unit: {bare}");
+}
+
+/// Every unit keeps exactly its install mode's capabilities (`tests/support/sandbox.rs`): on
+/// the container install that bound is also the agent's container's (ctr's `--privileged`),
+/// which the container suite checks in the guest.
+#[test]
+fn every_unit_keeps_exactly_its_modes_capabilities() {
+    let units = Path::new(env!("CARGO_MANIFEST_DIR")).join("units");
+    for mode in ["host", "container"] {
+        let want: BTreeSet<&str> = sandbox::capabilities(mode)
+            .iter()
+            .map(|(n, _)| *n)
+            .collect();
+        for entry in std::fs::read_dir(units.join(mode)).expect("read units dir") {
+            let path = entry.expect("entry").path();
+            let text = std::fs::read_to_string(&path)
+                .expect("read unit")
+                .replace("\\\n", " ");
+            let bound: Vec<&str> = text
+                .lines()
+                .filter_map(|l| l.strip_prefix("CapabilityBoundingSet="))
+                .collect();
+            assert_eq!(bound.len(), 1, "{}: {bound:?}", path.display());
+            let have: BTreeSet<&str> = bound[0].split_whitespace().collect();
+            assert_eq!(have, want, "{}", path.display());
+        }
+    }
 }

@@ -251,7 +251,8 @@ if [ -e /etc/modules-load.d/flexnode.conf ]; then echo "left: /etc/modules-load.
     def c_no_agent_files(self):
         """Walks the host's filesystem: nothing of the agent outside /etc/flexnode and
         /var/lib/flexnode (its units, their links, the kernel modules' boot list, the machine
-        units' drop-in and containerd's own stores aside) — no file
+        units' drop-in, the PrivateTmp= directories systemd makes for the units while they
+        run, and containerd's own stores aside) — no file
         named after it, no copy of its binary (by content), nothing in /opt or /usr/local."""
         lab = self.lab
         pid = self.wait_agent(60).get("task", "").split()[0]
@@ -261,7 +262,7 @@ echo "agent=$agent"
 find / -xdev \( -path /proc -o -path /sys -o -path /run -o -path /etc/flexnode -o -path /var/lib/flexnode \
   -o -path /var/lib/containerd -o -path /var/lib/machines -o -path /var/log/journal \) -prune \
   -o -name '*flexnode*' -print \
-  | grep -v -E '^(/etc/systemd/system/([a-z.-]+\.wants/)?flexnode-[a-z-]+\.service|/etc/modules-load\.d/flexnode\.conf|/etc/systemd/system/systemd-nspawn@kube[12]\.service\.d/flexnode\.conf)$' \
+  | grep -v -E '^(/etc/systemd/system/([a-z.-]+\.wants/)?flexnode-[a-z-]+\.service|/etc/modules-load\.d/flexnode\.conf|/etc/systemd/system/systemd-nspawn@kube[12]\.service\.d/flexnode\.conf|/(var/)?tmp/systemd-private-[0-9a-f]+-flexnode-[a-z-]+\.service-[A-Za-z0-9]+)$' \
   | sed 's/^/named=/' || true
 find / -xdev \( -path /proc -o -path /sys -o -path /run -o -path /var/lib/containerd \) -prune \
   -o -type f -size +4M -print0 | xargs -0 -r sha256sum | awk -v a="$agent" '$1 == a { print "copy=" $2 }'

@@ -143,14 +143,16 @@ impl Config {
     /// YAML or JSON (JSON is YAML).
     pub fn parse(text: &str, hostname: &str) -> Result<Self, ConfigError> {
         let file: ConfigFile = serde_saphyr::from_str(text).map_err(|e| {
-            let msg = e.to_string();
+            // Only the first line: the parser's next lines quote the input around the error
+            // (fuzz/regressions/config/unknown-field-in-the-quoted-input).
+            let msg = first_line(&e.to_string());
             // serde names the offending key; the value is never echoed back.
             let setting = msg
                 .split('`')
                 .nth(1)
                 .filter(|_| msg.contains("unknown field"))
                 .unwrap_or("config");
-            bad(setting, first_line(&msg))
+            bad(setting, msg.clone())
         })?;
         file.validate(hostname)
     }

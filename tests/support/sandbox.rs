@@ -3,17 +3,16 @@
 //! raise, and what the host units' processes run with.
 
 /// `(mode, unit, exposure)`: the recorded overall exposure of each unit in `units/<mode>/`
-/// (before the sandbox: 9.6 each, the container install's agent 9.8; the container
-/// install's units are not sandboxed: `units/container/flexnode-agent.service`).
+/// (before the sandbox: 9.6 each, the container install's agent 9.8).
 pub const EXPOSURE: &[(&str, &str, f64)] = &[
     ("host", "flexnode-agent.service", 3.1),
     ("host", "flexnode-agent-recovery.service", 3.1),
     ("host", "flexnode-reset.service", 3.1),
     ("host", "flexnode-bootstrap.service", 3.2),
-    ("container", "flexnode-agent.service", 9.8),
-    ("container", "flexnode-agent-recovery.service", 9.6),
-    ("container", "flexnode-reset.service", 9.6),
-    ("container", "flexnode-bootstrap.service", 9.6),
+    ("container", "flexnode-agent.service", 2.8),
+    ("container", "flexnode-agent-recovery.service", 2.6),
+    ("container", "flexnode-reset.service", 2.6),
+    ("container", "flexnode-bootstrap.service", 3.4),
 ];
 
 /// The recorded exposure of `unit` in `mode`.
@@ -52,9 +51,25 @@ pub const HOST_CAPABILITIES: &[(&str, u32)] = &[
     ("CAP_SETFCAP", 31),
 ];
 
+/// What the container install's units keep beyond [`HOST_CAPABILITIES`]: host programs run
+/// chrooted at /host (`src/effects/host/exec.rs`). ctr's `--privileged` hands its own
+/// capabilities to the container, so this bound is also the agent's
+/// (`units/container/flexnode-agent.service`).
+pub const CONTAINER_EXTRA_CAPABILITIES: &[(&str, u32)] = &[("CAP_SYS_CHROOT", 18)];
+
+/// The capabilities the units of `mode` keep.
+pub fn capabilities(mode: &str) -> Vec<(&'static str, u32)> {
+    let extra = match mode {
+        "host" => &[][..],
+        "container" => CONTAINER_EXTRA_CAPABILITIES,
+        other => panic!("no install mode {other}"),
+    };
+    HOST_CAPABILITIES.iter().chain(extra).copied().collect()
+}
+
 /// [`HOST_CAPABILITIES`] as `/proc/PID/status` shows a set (`CapBnd:`).
 pub fn host_capability_mask() -> u64 {
-    HOST_CAPABILITIES.iter().map(|(_, n)| 1u64 << n).sum()
+    capabilities("host").iter().map(|(_, n)| 1u64 << n).sum()
 }
 
 /// A field of `/proc/PID/status` (`NoNewPrivs`, `Seccomp`, `CapBnd`, …).
