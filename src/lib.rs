@@ -23,4 +23,5 @@ pub mod reconcile;
 pub mod report;
 pub mod sim;
 pub mod store;
+pub mod text;
 pub mod units;

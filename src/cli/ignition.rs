@@ -20,12 +20,8 @@ pub fn run(config: &Path, out: &Path) -> ExitCode {
 fn render(path: &Path, out: &Path) -> Result<(), Failure> {
     let config = Config::load(path, &wiring::hostname()).map_err(impossible)?;
     let read = |setting: &str, p: &Path| {
-        std::fs::read_to_string(p).map_err(|e| {
-            impossible(ConfigError {
-                setting: setting.into(),
-                message: format!("{}: {e}", p.display()),
-            })
-        })
+        std::fs::read_to_string(p)
+            .map_err(|e| impossible(ConfigError::new(setting, format!("{}: {e}", p.display()))))
     };
     let inputs = Inputs {
         kubeconfig: read("kubeconfig", &config.kubeconfig)?,

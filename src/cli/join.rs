@@ -262,10 +262,7 @@ fn remove_bootstrap_inputs(config: &Path) -> Result<(), Failure> {
 }
 
 fn setting(name: &str, message: impl Into<String>) -> ConfigError {
-    ConfigError {
-        setting: name.into(),
-        message: message.into(),
-    }
+    ConfigError::new(name, message)
 }
 
 /// The node this host is joined as, and its install mode; a join still under way (a crashed

@@ -126,11 +126,19 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-fn bad(setting: &str, message: impl Into<String>) -> ConfigError {
-    ConfigError {
-        setting: setting.to_string(),
-        message: message.into(),
+impl ConfigError {
+    /// A refusal on one line: a path may hold a newline (a YAML plain scalar folds blank
+    /// lines into newlines, fuzz/regressions/config/newlines-in-a-quoted-path).
+    pub fn new(setting: &str, message: impl Into<String>) -> Self {
+        Self {
+            setting: crate::text::one_line(setting),
+            message: crate::text::one_line(&message.into()),
+        }
     }
+}
+
+fn bad(setting: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError::new(setting, message)
 }
 
 impl Config {
