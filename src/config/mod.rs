@@ -137,6 +137,42 @@ impl ConfigError {
     }
 }
 
+/// The parser's refusal, without the input: only its first line (the next ones quote the
+/// input around the error, `fuzz/regressions/config/unknown-field-in-the-quoted-input`), and
+/// a key only where it looks like a setting's name — an unknown one is named to point at the
+/// typo — never a key that could be anything (a URL and its userinfo): the line and column
+/// point at it (`fuzz/regressions/config/duplicate-key-holding-a-secret`).
+fn parser_refusal(error: &str) -> ConfigError {
+    let mut msg = first_line(error);
+    const DUPLICATE: &str = "duplicate mapping key";
+    if let Some(at) = msg.find(DUPLICATE) {
+        msg.truncate(at + DUPLICATE.len());
+        return bad("config", msg);
+    }
+    let unknown = msg
+        .split('`')
+        .nth(1)
+        .filter(|_| msg.contains("unknown field"))
+        .map(str::to_string);
+    match unknown {
+        Some(key) if looks_like_a_setting(&key) => bad(&key, msg),
+        Some(_) => {
+            let before = msg.split('`').next().unwrap_or_default();
+            bad("config", format!("{before}(a key not shown)"))
+        }
+        None => bad("config", msg),
+    }
+}
+
+/// A key a person could have meant as a setting: `kubeconfg`, `node_name`, `v1.34.12`.
+fn looks_like_a_setting(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= 64
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+}
+
 fn bad(setting: &str, message: impl Into<String>) -> ConfigError {
     ConfigError::new(setting, message)
 }
@@ -150,18 +186,8 @@ impl Config {
 
     /// YAML or JSON (JSON is YAML).
     pub fn parse(text: &str, hostname: &str) -> Result<Self, ConfigError> {
-        let file: ConfigFile = serde_saphyr::from_str(text).map_err(|e| {
-            // Only the first line: the parser's next lines quote the input around the error
-            // (fuzz/regressions/config/unknown-field-in-the-quoted-input).
-            let msg = first_line(&e.to_string());
-            // serde names the offending key; the value is never echoed back.
-            let setting = msg
-                .split('`')
-                .nth(1)
-                .filter(|_| msg.contains("unknown field"))
-                .unwrap_or("config");
-            bad(setting, msg.clone())
-        })?;
+        let file: ConfigFile =
+            serde_saphyr::from_str(text).map_err(|e| parser_refusal(&e.to_string()))?;
         file.validate(hostname)
     }
 

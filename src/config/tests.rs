@@ -461,3 +461,21 @@ fn metrics_are_served_on_loopback_only() {
     .expect("valid");
     assert_eq!(c.metrics_address, None, "off by default");
 }
+
+#[test]
+fn keys_that_are_no_settings_name_are_not_quoted() {
+    let secret = "oci://user:S3CR3T@registry.example/x";
+    for text in [
+        format!("{{{secret}: 1, {secret}: 2}}"),
+        format!("{secret}: 1\n"),
+        format!("{{\"{secret}\": 1}}"),
+        format!("{{\"a/`{secret}\": 1}}"),
+    ] {
+        let e = Config::parse(&text, "h").expect_err("refused");
+        assert_eq!(e.setting, "config", "{e}");
+        assert!(!e.to_string().contains("S3CR3T"), "{text}: {e}");
+    }
+    // A typo is still named.
+    let e = Config::parse("kubeconfg: /x\n", "h").expect_err("refused");
+    assert_eq!(e.setting, "kubeconfg", "{e}");
+}
