@@ -23,6 +23,13 @@ pub enum MigrationError {
 /// Applies the missing migrations in one immediate transaction: all or nothing.
 pub fn migrate(conn: &mut Connection) -> Result<i64, MigrationError> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    apply(&tx)?;
+    tx.commit()?;
+    Ok(SCHEMA_VERSION)
+}
+
+/// Applies the missing migrations inside the caller's transaction (`tx`).
+pub fn apply(tx: &Connection) -> Result<(), MigrationError> {
     let found: i64 = tx.pragma_query_value(None, "user_version", |r| r.get(0))?;
     if found > SCHEMA_VERSION {
         return Err(MigrationError::TooNew {
@@ -34,6 +41,5 @@ pub fn migrate(conn: &mut Connection) -> Result<i64, MigrationError> {
         tx.execute_batch(sql)?;
         tx.pragma_update(None, "user_version", (i + 1) as i64)?;
     }
-    tx.commit()?;
-    Ok(SCHEMA_VERSION)
+    Ok(())
 }

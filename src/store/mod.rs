@@ -146,6 +146,18 @@ impl Store {
                 detail: "no schema: the file is empty or not a flexnode store".into(),
             });
         }
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.pragma_update(None, "foreign_keys", true)?;
+        // What can refuse the store runs before anything changes it: the migrations and the
+        // node row's seed commit together or not at all, and only then does the store turn
+        // to WAL, which rewrites the file's header
+        // (`fuzz/regressions/store/damaged-node-table-before-wal`).
+        {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            migrations::apply(&tx).map_err(|e| corrupt_or(e, path))?;
+            seed(&tx)?;
+            tx.commit()?;
+        }
         let mode: String =
             conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {
@@ -154,16 +166,11 @@ impl Store {
                 detail: format!("journal mode is {mode}, not wal"),
             });
         }
-        conn.pragma_update(None, "synchronous", "FULL")?;
-        conn.pragma_update(None, "foreign_keys", true)?;
-        migrations::migrate(&mut conn).map_err(|e| corrupt_or(e, path))?;
-        let store = Self {
+        Ok(Self {
             conn: std::sync::Mutex::new(conn),
             path: path.into(),
             _lock: lock,
-        };
-        store.seed()?;
-        Ok(store)
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -173,17 +180,6 @@ impl Store {
     /// The node's row, on a store that has none and no history (made by a build that
     /// seeded it at its first open, and stopped before): a store whose row is gone but whose
     /// journal or operations are not is damage, which `load` reports.
-    fn seed(&self) -> Result<(), StoreError> {
-        let state = to_json(&NodeState::default())?;
-        self.conn().execute(
-            "INSERT INTO node (id, state, updated_at) SELECT 1, ?1, 0
-             WHERE NOT EXISTS (SELECT 1 FROM node) AND NOT EXISTS (SELECT 1 FROM journal)
-               AND NOT EXISTS (SELECT 1 FROM operations)",
-            params![state],
-        )?;
-        Ok(())
-    }
-
     pub fn load(&self) -> Result<Persisted, StoreError> {
         load(&self.conn(), &self.path)
     }
@@ -452,6 +448,19 @@ fn load(conn: &Connection, path: &Path) -> Result<Persisted, StoreError> {
 /// A new store, whole or not at all: made and migrated under a temporary name (0600 from the
 /// first byte; SQLite gives its WAL and index the same mode), then renamed into place. So a
 /// crash never leaves a file at `path` that `open` would have to tell from a damaged one.
+/// The node row of a store that never held a node: only into a store without one and without
+/// any history (a store with a journal but no node row is damage, never a fresh node).
+fn seed(conn: &Connection) -> Result<(), StoreError> {
+    let state = to_json(&NodeState::default())?;
+    conn.execute(
+        "INSERT INTO node (id, state, updated_at) SELECT 1, ?1, 0
+         WHERE NOT EXISTS (SELECT 1 FROM node) AND NOT EXISTS (SELECT 1 FROM journal)
+           AND NOT EXISTS (SELECT 1 FROM operations)",
+        params![state],
+    )?;
+    Ok(())
+}
+
 fn create(path: &Path) -> Result<(), StoreError> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".new");
