@@ -617,6 +617,35 @@ fn upgrade_rows() -> Vec<Row> {
             ],
         },
         Row {
+            name: "a container upgrade to the image that runs completes without a switch",
+            from: From::Joined(InstallMode::Container),
+            steps: vec![
+                feed(
+                    started(image(D2)),
+                    Then {
+                        agent: Some(image(D2)),
+                        ..any()
+                    },
+                ),
+                feed(
+                    claim("u1", upgrade("oci://registry.example/flexnode:v2", D2)),
+                    Then {
+                        state: Some("Ready"),
+                        agent: Some(image(D2)),
+                        check: Some(|_, effects| {
+                            assert!(!effects.iter().any(Effect::is_disruptive), "{effects:?}");
+                        }),
+                        ..publishes(
+                            ResultReason::Succeeded,
+                            Message::Exactly(
+                                "AgentUpgrade completed; the agent already runs that image",
+                            ),
+                        )
+                    },
+                ),
+            ],
+        },
+        Row {
             name: "an archive URL on the container install is InvalidParameters",
             from: From::Joined(InstallMode::Container),
             steps: vec![feed(

@@ -1,6 +1,6 @@
 //! A claimed operation on a resting node: what each kind starts.
 
-use super::{Step, finish, machine_report};
+use super::{MSG_ALREADY_RUNNING, Step, finish, machine_report};
 use crate::machine::agent::{AgentBuild, Slot, UpgradeTarget};
 use crate::machine::effect::Effect;
 use crate::machine::input::{Claim, ClaimKind};
@@ -81,6 +81,16 @@ pub(super) fn claim_operation(
                 ),
                 Ok(target) => {
                     let candidate = candidate_for(node, &target);
+                    // An image that already runs needs no stage, switch or restart; its
+                    // switch and its undo would be one and the same disruption.
+                    if candidate == node.agent {
+                        return Ok(finish(
+                            node,
+                            &run(0),
+                            ResultReason::Succeeded,
+                            MSG_ALREADY_RUNNING,
+                        ));
+                    }
                     Step::to(
                         NodeState::Upgrading {
                             node: node.clone(),

@@ -43,6 +43,7 @@ impl Step {
 pub const MSG_REBOOT_DONE: &str = "NodeReboot completed";
 pub const MSG_RESET_DONE: &str = "AgentReset completed";
 pub const MSG_UPGRADE_DONE: &str = "AgentUpgrade completed";
+pub const MSG_ALREADY_RUNNING: &str = "AgentUpgrade completed; the agent already runs that image";
 pub const MSG_RESTART_FAILED: &str = "failed to restart upgraded agent daemon";
 pub const MSG_SUCCESSOR_MISSING: &str =
     "upgraded agent did not take over; the last-good agent is running";
