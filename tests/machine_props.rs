@@ -260,14 +260,18 @@ fn every_non_resting_state_has_a_deadline() {
 /// one and the same disruption (a finding of the random runs below).
 #[test]
 fn no_upgrade_stages_the_running_build() {
+    let mut images = 0;
     for s in &graph().states {
         if let NodeState::Upgrading {
             node, candidate, ..
         } = s
         {
             assert_ne!(*candidate, node.agent, "{s}");
+            images += usize::from(matches!(candidate, AgentBuild::Image { .. }));
         }
     }
+    // The case it guards is explored: container upgrades to an image.
+    assert!(images > 0, "no image upgrade in the explored graph");
 }
 
 /// Every phase of the design appears in the explored graph.

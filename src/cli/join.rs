@@ -98,7 +98,12 @@ async fn join(state: &Path, path: &Path) -> Result<(), Failure> {
     writable(state)?;
     let client = client_from_kubeconfig(&config.kubeconfig)
         .await
-        .map_err(|e| impossible(setting("kubeconfig", format!("cannot use it: {e}"))))?;
+        .map_err(|e| {
+            impossible(ConfigError::new(
+                "kubeconfig",
+                format!("cannot use it: {e}"),
+            ))
+        })?;
     let goal = adopt_or_create_machine(&client, &config).await?;
     let fx = wiring::host_effects(&config).await?;
     // The container units run the image by its local name.
@@ -108,7 +113,7 @@ async fn join(state: &Path, path: &Path) -> Result<(), Failure> {
 
     if let Some((joined, mode)) = joined_as(state)? {
         if joined != config.node_name {
-            return Err(impossible(setting(
+            return Err(impossible(ConfigError::new(
                 "nodeName",
                 format!(
                     "this host is already joined as {joined:?}; run `flexnode reset --yes` first"
@@ -177,18 +182,18 @@ fn agent_to_install(mode: InstallMode) -> Result<AgentBuild, Failure> {
             Ok(running.unwrap_or(AgentBuild::Slot { slot: Slot::Blue }))
         }
         (InstallMode::Container, true, Some(image @ AgentBuild::Image { .. })) => Ok(image),
-        (InstallMode::Container, true, _) => Err(impossible(setting(
+        (InstallMode::Container, true, _) => Err(impossible(ConfigError::new(
             "installMode",
             format!(
                 "this container does not say which image it runs ({AGENT_IMAGE_VAR}=…@sha256:…)"
             ),
         ))),
-        (InstallMode::Container, false, _) => Err(impossible(setting(
+        (InstallMode::Container, false, _) => Err(impossible(ConfigError::new(
             "installMode",
             "a container install joins from a container of the agent's image: its bootstrap \
              unit (`flexnode ignition`) runs this join",
         ))),
-        (InstallMode::Host, true, _) => Err(impossible(setting(
+        (InstallMode::Host, true, _) => Err(impossible(ConfigError::new(
             "installMode",
             "\"host\" installs the agent on the host; from a container, use \"container\"",
         ))),
@@ -261,10 +266,6 @@ fn remove_bootstrap_inputs(config: &Path) -> Result<(), Failure> {
     Ok(())
 }
 
-fn setting(name: &str, message: impl Into<String>) -> ConfigError {
-    ConfigError::new(name, message)
-}
-
 /// The node this host is joined as, and its install mode; a join still under way (a crashed
 /// one) is not joined yet: it is finished from its recorded intent instead. A store it cannot
 /// read is never joined over (exit 78: src/machine/fault.rs says what to do).
@@ -333,7 +334,7 @@ async fn adopt_or_create_machine(client: &kube::Client, config: &Config) -> Resu
 /// server can.
 fn api_failure(e: kube::Error) -> Failure {
     match &e {
-        kube::Error::Api(s) if s.code == 401 || s.code == 403 => impossible(setting(
+        kube::Error::Api(s) if s.code == 401 || s.code == 403 => impossible(ConfigError::new(
             "kubeconfig",
             format!("the API server refused the credential: {}", s.message),
         )),

@@ -21,11 +21,10 @@ pub enum MigrationError {
 }
 
 /// Applies the missing migrations in one immediate transaction: all or nothing.
-pub fn migrate(conn: &mut Connection) -> Result<i64, MigrationError> {
+pub fn migrate(conn: &mut Connection) -> Result<(), MigrationError> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     apply(&tx)?;
-    tx.commit()?;
-    Ok(SCHEMA_VERSION)
+    Ok(tx.commit()?)
 }
 
 /// Applies the missing migrations inside the caller's transaction (`tx`).

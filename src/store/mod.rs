@@ -177,9 +177,6 @@ impl Store {
         &self.path
     }
 
-    /// The node's row, on a store that has none and no history (made by a build that
-    /// seeded it at its first open, and stopped before): a store whose row is gone but whose
-    /// journal or operations are not is damage, which `load` reports.
     pub fn load(&self) -> Result<Persisted, StoreError> {
         load(&self.conn(), &self.path)
     }
@@ -445,11 +442,9 @@ fn load(conn: &Connection, path: &Path) -> Result<Persisted, StoreError> {
     })
 }
 
-/// A new store, whole or not at all: made and migrated under a temporary name (0600 from the
-/// first byte; SQLite gives its WAL and index the same mode), then renamed into place. So a
-/// crash never leaves a file at `path` that `open` would have to tell from a damaged one.
-/// The node row of a store that never held a node: only into a store without one and without
-/// any history (a store with a journal but no node row is damage, never a fresh node).
+/// The node's row, on a store that has none and no history (a new store, or one made by a
+/// build that seeded it at its first open, and stopped before): a store whose row is gone but
+/// whose journal or operations are not is damage, which `load` reports.
 fn seed(conn: &Connection) -> Result<(), StoreError> {
     let state = to_json(&NodeState::default())?;
     conn.execute(
@@ -461,6 +456,9 @@ fn seed(conn: &Connection) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// A new store, whole or not at all: made and migrated under a temporary name (0600 from the
+/// first byte; SQLite gives its WAL and index the same mode), then renamed into place. So a
+/// crash never leaves a file at `path` that `open` would have to tell from a damaged one.
 fn create(path: &Path) -> Result<(), StoreError> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".new");
