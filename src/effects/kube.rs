@@ -80,6 +80,51 @@ fn api_error(e: kube::Error) -> EffectError {
     EffectError::Failed(format!("API server: {e}"))
 }
 
+/// A request that failed on its way, not by the API server's answer: a pooled connection the
+/// server closed as the request went out, a reset, a refused connection. Not a timeout: a
+/// server that hangs would hold each attempt for kube's read timeout (≈295 s), past the agent
+/// unit's `WatchdogSec`. kube's client already resends 429, 503 and 504.
+fn is_lost(e: &kube::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = match e {
+        kube::Error::HyperError(e) => Some(e),
+        kube::Error::Service(e) => Some(e.as_ref()),
+        _ => return false,
+    };
+    while let Some(c) = cause {
+        if c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+        {
+            return false;
+        }
+        cause = c.source();
+    }
+    true
+}
+
+/// Attempts of a request lost on its way: the first, then [`RESENDS`] more, 0.1 s apart
+/// doubling (1.5 s in all, jittered), so an API server that is away fails a write about as
+/// soon as before and the outbox or the next tick tries again.
+pub const RESENDS: usize = 4;
+
+/// `request` sent again while it is lost on its way. Reads and status replaces are safe to
+/// send twice: a replace that did land before its answer was lost meets its own
+/// resourceVersion changed, a conflict, which [`write_status`] reads afresh.
+async fn resend<T, Fut>(request: impl FnMut() -> Fut) -> Result<T, kube::Error>
+where
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    use backon::{ExponentialBuilder, Retryable};
+    let policy = ExponentialBuilder::default()
+        .with_min_delay(std::time::Duration::from_millis(100))
+        .with_max_times(RESENDS)
+        .with_jitter();
+    request
+        .retry(policy)
+        .when(is_lost)
+        .notify(|e, after| tracing::warn!(error = %e, ?after, "API request lost on its way; sending it again"))
+        .await
+}
+
 fn is_conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409)
 }
@@ -117,8 +162,7 @@ where
     for _ in 0..CONFLICT_RETRIES + usize::from(known.is_some()) {
         let (current, read) = match known.take() {
             Some(copy) => (copy, false),
-            None => match api
-                .get_opt(name)
+            None => match resend(|| api.get_opt(name))
                 .await
                 .map_err(|e| WriteError::Api(api_error(e)))?
             {
@@ -131,7 +175,7 @@ where
             Write::Skip => continue,
             Write::Put(next) => next,
         };
-        match api.replace_status(name, &pp, &next).await {
+        match resend(|| api.replace_status(name, &pp, &next)).await {
             Ok(written) => {
                 crate::metrics::api_contact();
                 return Ok(Some(written));
@@ -307,7 +351,9 @@ fn set_condition(conditions: &mut Option<Vec<Condition>>, c: Condition, since: S
 impl Publisher for KubePublisher {
     async fn node_seen(&self) -> EffectResult<Option<NodeSeen>> {
         let api: Api<Node> = Api::all(self.client.clone());
-        let node = api.get_opt(&self.node).await.map_err(api_error)?;
+        let node = resend(|| api.get_opt(&self.node))
+            .await
+            .map_err(api_error)?;
         Ok(node.map(|n| node_seen(&n)))
     }
 

@@ -11,6 +11,7 @@ pub mod history;
 pub mod hostnode;
 pub mod image;
 pub mod logs;
+pub mod lossy;
 pub mod nspawn;
 pub mod proc;
 pub mod sandbox;
