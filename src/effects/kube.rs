@@ -85,20 +85,15 @@ fn api_error(e: kube::Error) -> EffectError {
 /// server that hangs would hold each attempt for kube's read timeout (≈295 s), past the agent
 /// unit's `WatchdogSec`. kube's client already resends 429, 503 and 504.
 fn is_lost(e: &kube::Error) -> bool {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = match e {
-        kube::Error::HyperError(e) => Some(e),
-        kube::Error::Service(e) => Some(e.as_ref()),
+    let cause: &(dyn std::error::Error + 'static) = match e {
+        kube::Error::HyperError(e) => e,
+        kube::Error::Service(e) => e.as_ref(),
         _ => return false,
     };
-    while let Some(c) = cause {
-        if c.downcast_ref::<std::io::Error>()
+    !std::iter::successors(Some(cause), |c| c.source()).any(|c| {
+        c.downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
-        {
-            return false;
-        }
-        cause = c.source();
-    }
-    true
+    })
 }
 
 /// Attempts of a request lost on its way: the first, then [`RESENDS`] more, 0.1 s apart

@@ -17,9 +17,10 @@ pub struct LossyRelay {
     task: tokio::task::JoinHandle<()>,
 }
 
-/// Writes still to lose or hold, and how many were.
+/// Writes still to lose or hold, how many were, and the connections accepted.
 #[derive(Default)]
 struct Faults {
+    accepted: AtomicUsize,
     to_lose: AtomicUsize,
     to_hold: AtomicUsize,
     lost: AtomicUsize,
@@ -46,6 +47,7 @@ impl LossyRelay {
         let f = faults.clone();
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
+                f.accepted.fetch_add(1, Ordering::SeqCst);
                 tokio::spawn(relay(client, upstream, f.clone()));
             }
         });
@@ -60,6 +62,11 @@ impl LossyRelay {
     /// The next `n` client writes are held, never answered.
     pub fn hold(&self, n: usize) {
         self.faults.to_hold.store(n, Ordering::SeqCst);
+    }
+
+    /// How many connections were accepted so far.
+    pub fn accepted(&self) -> usize {
+        self.faults.accepted.load(Ordering::SeqCst)
     }
 
     /// How many writes were lost so far.
