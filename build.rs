@@ -2,13 +2,14 @@
 //! (`tests/support/tier.rs`). A skipped test is then compiled as ignored, with the reason
 //! `SKIPPED <tier>: <variable>=1`, so libtest lists it and counts it among the ignored.
 
-const TIERS: [(&str, &str); 6] = [
+const TIERS: [(&str, &str); 7] = [
     ("controlplane", "FLEXNODE_SKIP_CONTROLPLANE"),
     ("nspawn", "FLEXNODE_SKIP_NSPAWN"),
     ("containerd", "FLEXNODE_SKIP_CONTAINERD"),
     ("qemu", "FLEXNODE_SKIP_QEMU"),
     ("host-suite", "FLEXNODE_SKIP_HOST_SUITE"),
     ("container-suite", "FLEXNODE_SKIP_CONTAINER_SUITE"),
+    ("native-suite", "FLEXNODE_SKIP_NATIVE_SUITE"),
 ];
 
 fn main() {

@@ -57,6 +57,12 @@ stop_pidfile() { # stop_pidfile FILE PATTERN: SIGTERM (then SIGKILL) the PID in 
   rm -f "$f"
 }
 
+# debian_mirror: the Debian archive this machine's apt uses (MIRROR overrides), for debootstrap.
+debian_mirror() {
+  local m=${MIRROR:-$(awk '/^URIs:/ { print $2; exit }' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)}
+  echo "${m:-http://deb.debian.org/debian}"
+}
+
 # ------------------------------------------------------------------------- the flexnode binary
 
 flexnode_bin() { # prints the path of the (host) flexnode binary, building it if needed

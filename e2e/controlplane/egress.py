@@ -6,8 +6,9 @@ kube-apiserver reaches a kubelet (logs, exec, port-forward) at one of the Node's
 it. The apiserver's egress selector (`cluster`, HTTP CONNECT over a unix socket) sends each
 such connection here; ROUTES maps a destination to a loopback port the lab forwards into the
 guest (`e2e/qemu/run hostfwd`), one `HOST:PORT LOOPBACK_PORT` per line (`run route`), read
-again for every connection. A
-destination without a route is refused (502): nothing here leaves 127.0.0.1.
+again for every connection; or, for a native node (e2e/native/run), `HOST:PORT 10.0.2.N:PORT`,
+the node's own address on the lab bridge. A destination without a route is refused (502):
+nothing here reaches beyond 127.0.0.1 and the lab bridge's nodes.
 Python 3 stdlib only.
 """
 
@@ -18,12 +19,18 @@ import time
 
 
 def route(routes, dest):
+    """(address, port) DEST is routed to, or None."""
     try:
         with open(routes) as f:
             for line in f:
                 parts = line.split()
-                if len(parts) == 2 and parts[0] == dest and parts[1].isdigit():
-                    return int(parts[1])
+                if len(parts) != 2 or parts[0] != dest:
+                    continue
+                if parts[1].isdigit():
+                    return ("127.0.0.1", int(parts[1]))
+                addr, _, port = parts[1].rpartition(":")
+                if addr.startswith("10.0.2.") and port.isdigit():
+                    return (addr, int(port))
     except FileNotFoundError:
         pass
     return None
@@ -65,20 +72,20 @@ def main():
             writer.close()
             return
         dest = first[1]
-        port = route(routes, dest)
-        if port is None:
+        target = route(routes, dest)
+        if target is None:
             say("refused %s: no route" % dest)
             writer.write(b"HTTP/1.1 502 Bad Gateway\r\n\r\n")
             writer.close()
             return
         try:
-            up_r, up_w = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 10)
+            up_r, up_w = await asyncio.wait_for(asyncio.open_connection(*target), 10)
         except (OSError, asyncio.TimeoutError) as e:
-            say("failed %s -> 127.0.0.1:%d: %s" % (dest, port, e))
+            say("failed %s -> %s:%d: %s" % (dest, *target, e))
             writer.write(b"HTTP/1.1 502 Bad Gateway\r\n\r\n")
             writer.close()
             return
-        say("connected %s -> 127.0.0.1:%d" % (dest, port))
+        say("connected %s -> %s:%d" % (dest, *target))
         writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         await writer.drain()
         await asyncio.gather(pipe(reader, up_w), pipe(up_r, writer))

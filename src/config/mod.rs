@@ -5,7 +5,7 @@
 mod files;
 mod image;
 
-use crate::effects::host::kubelet::{valid_cidr, valid_reference};
+use crate::effects::host::kubelet::{POD_RANGE_FROM_CLUSTER, valid_cidr, valid_reference};
 use crate::machine::agent::{InstallMode, Sha256Hex};
 use files::{
     check_bootstrap_token, check_kubeconfig, check_registry_credentials, check_trusted_ca,
@@ -412,10 +412,13 @@ fn node_config(
         ));
     }
     let pod_cidr = pod_cidr.unwrap_or_else(|| DEFAULT_POD_CIDR.to_string());
-    if !valid_cidr(&pod_cidr) {
+    if pod_cidr != POD_RANGE_FROM_CLUSTER && !valid_cidr(&pod_cidr) {
         return Err(bad(
             "podCIDR",
-            format!("{pod_cidr:?} is not an IPv4 CIDR like 10.88.0.0/16"),
+            format!(
+                "{pod_cidr:?} is neither {POD_RANGE_FROM_CLUSTER:?} nor an IPv4 CIDR like \
+                 10.88.0.0/16"
+            ),
         ));
     }
     Ok(Some(NodeConfig {

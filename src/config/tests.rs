@@ -346,6 +346,9 @@ fn node_images_come_with_the_kubelet_settings_and_cover_the_goal() {
         assert!(e.message.contains("digest"), "{tagged}: {e}");
     }
     assert_eq!(refused(&with_token("podCIDR: 10.88.0.0/40\n")), "podCIDR");
+    assert_eq!(refused(&with_token("podCIDR: Cluster\n")), "podCIDR");
+    let from_cluster = Config::parse(&with_token("podCIDR: cluster\n"), "h").expect("valid");
+    assert_eq!(from_cluster.node.expect("node").pod_cidr, "cluster");
     // Kubelet settings without node images.
     for (extra, setting) in [
         (

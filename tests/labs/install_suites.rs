@@ -9,6 +9,9 @@
 //!   holding the agent's images, a guest provisioned by upstream Ignition from `flexnode
 //!   ignition`'s config and booted with `/usr` read-only, where the bootstrap unit joins from a
 //!   container of the agent's image; then the checks of `e2e/container/suite.py`.
+//! - native: `e2e/native/lab suite` — the control plane and three native nodes (booted nspawn
+//!   containers on the lab bridge, e2e/native/README.md), each joined by `flexnode join`;
+//!   then the multi-node checks of `e2e/native/suite.py`.
 
 use crate::support::tier::{Tier, require};
 
@@ -25,5 +28,16 @@ pub fn container_install_suite_passes_in_a_fresh_qemu_lab() {
         &["suite"],
         "e2e/container/suite.py",
         20,
+    );
+}
+
+pub fn native_suite_passes_in_a_fresh_lab_of_three_nodes() {
+    require(Tier::NativeSuite);
+    crate::support::suite::passes(
+        "native",
+        "e2e/native/lab",
+        &["suite"],
+        "e2e/native/suite.py",
+        6,
     );
 }

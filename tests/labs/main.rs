@@ -70,6 +70,12 @@ fn main() -> ExitCode {
                 .then_some("SKIPPED host-suite: FLEXNODE_SKIP_HOST_SUITE=1"),
             install_suites::host_install_suite_passes_in_a_fresh_qemu_lab,
         ),
+        trial(
+            "install_suites::native_suite_passes_in_a_fresh_lab_of_three_nodes",
+            cfg!(flexnode_skip = "native-suite")
+                .then_some("SKIPPED native-suite: FLEXNODE_SKIP_NATIVE_SUITE=1"),
+            install_suites::native_suite_passes_in_a_fresh_lab_of_three_nodes,
+        ),
     ];
     let mut args = Arguments::from_args();
     args.test_threads.get_or_insert(trials.len());

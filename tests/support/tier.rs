@@ -25,6 +25,9 @@ pub enum Tier {
     /// The container-install suite: a QEMU guest provisioned by Ignition, joined from a
     /// container (`e2e/container/run suite`).
     ContainerSuite,
+    /// The native multi-node suite: three booted nspawn nodes joined to a control plane
+    /// (`e2e/native/lab suite`).
+    NativeSuite,
 }
 
 impl Tier {
@@ -36,6 +39,7 @@ impl Tier {
             Self::Qemu => "FLEXNODE_SKIP_QEMU",
             Self::HostSuite => "FLEXNODE_SKIP_HOST_SUITE",
             Self::ContainerSuite => "FLEXNODE_SKIP_CONTAINER_SUITE",
+            Self::NativeSuite => "FLEXNODE_SKIP_NATIVE_SUITE",
         }
     }
 
@@ -50,6 +54,10 @@ impl Tier {
             Self::HostSuite | Self::ContainerSuite => &[
                 &["e2e/controlplane/run", "check"],
                 &["e2e/qemu/run", "check"],
+            ],
+            Self::NativeSuite => &[
+                &["e2e/controlplane/run", "check"],
+                &["e2e/native/run", "check"],
             ],
         }
     }

@@ -30,7 +30,7 @@ pub struct KubeletSettings<'a> {
     pub credential: KubeletCredential<'a>,
     /// The pod sandbox image, a reference of `[A-Za-z0-9._/:@-]`.
     pub sandbox_image: &'a str,
-    /// The bridge network's pod range, e.g. `10.88.0.0/16`.
+    /// The bridge network's pod range, e.g. `10.88.0.0/16`, or [`POD_RANGE_FROM_CLUSTER`].
     pub pod_cidr: &'a str,
     /// The node's address (`--node-ip`); `None`: the kubelet finds one (or reports none).
     pub node_ip: Option<std::net::IpAddr>,
@@ -39,6 +39,10 @@ pub struct KubeletSettings<'a> {
     pub registries: Vec<RegistryAccess>,
     /// Certificates the machine's containerd trusts for those registries, PEM.
     pub registry_ca_pem: Option<&'a [u8]>,
+    /// The host cannot lower a process's OOM score (its init lacks `CAP_SYS_RESOURCE`, as a
+    /// node that is itself a container may): containerd then keeps pods' scores at or above
+    /// its own, since runc fails to start any pod sandbox whose -998 it cannot set.
+    pub restrict_oom_score_adj: bool,
 }
 
 /// A registry host and its `user:password`, base64, if it needs one.
@@ -103,6 +107,13 @@ pub fn valid_reference(r: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"._/:@-".contains(&b))
 }
 
+/// The `podCIDR` that takes each node's pod range from the cluster: the range the
+/// controller-manager allocates in `Node.spec.podCIDR`, which the kubelet hands to containerd
+/// (CRI `UpdateRuntimeConfig`), which renders the bridge network from a template. Until then
+/// the node has no pod network (the kubelet reports it not ready); a cluster network that
+/// writes its own CNI configuration is used instead and the template never rendered.
+pub const POD_RANGE_FROM_CLUSTER: &str = "cluster";
+
 pub fn valid_cidr(c: &str) -> bool {
     c.split_once('/').is_some_and(|(ip, bits)| {
         ip.parse::<std::net::Ipv4Addr>().is_ok() && bits.parse::<u8>().is_ok_and(|b| b <= 32)
@@ -127,7 +138,8 @@ pub fn machine_files(s: &KubeletSettings) -> Result<Vec<MachineFile>, KubeletSet
     if !valid_reference(s.sandbox_image) {
         return Err(KubeletSettingsError::SandboxImage(s.sandbox_image.into()));
     }
-    if !valid_cidr(s.pod_cidr) {
+    let from_cluster = s.pod_cidr == POD_RANGE_FROM_CLUSTER;
+    if !from_cluster && !valid_cidr(s.pod_cidr) {
         return Err(KubeletSettingsError::PodCidr(s.pod_cidr.into()));
     }
     if !s.server.starts_with("https://") || s.server.contains(char::is_whitespace) {
@@ -189,14 +201,21 @@ pub fn machine_files(s: &KubeletSettings) -> Result<Vec<MachineFile>, KubeletSet
     );
     let containerd = format!(
         "# flexnode: containerd's CRI for the kubelet.\nversion = 2\n\n\
-         [plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"{}\"\n\
+         [plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"{}\"\n  \
+         restrict_oom_score_adj = {}\n\
          [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n  \
          runtime_type = \"io.containerd.runc.v2\"\n\
          [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc.options]\n  \
          SystemdCgroup = true\n\
          [plugins.\"io.containerd.grpc.v1.cri\".cni]\n  bin_dir = \"/usr/lib/cni\"\n  \
-         conf_dir = \"/etc/cni/net.d\"\n",
-        s.sandbox_image
+         conf_dir = \"/etc/cni/net.d\"\n{}",
+        s.sandbox_image,
+        s.restrict_oom_score_adj,
+        if from_cluster {
+            format!("  conf_template = \"/{CNI_TEMPLATE}\"\n")
+        } else {
+            String::new()
+        }
     );
     // containerd 1.6's CRI registry settings (the node image's containerd).
     let mut containerd = containerd;
@@ -218,12 +237,18 @@ pub fn machine_files(s: &KubeletSettings) -> Result<Vec<MachineFile>, KubeletSet
     } else {
         0o644
     };
+    // containerd's template language (Go's text/template) names the node's range.
+    let subnet = if from_cluster {
+        "{{.PodCIDR}}"
+    } else {
+        s.pod_cidr
+    };
     let cni = serde_json::json!({
         "cniVersion": "1.0.0",
         "name": "flexnode",
         "plugins": [
             {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true,
-             "ipam": {"type": "host-local", "ranges": [[{"subnet": s.pod_cidr}]],
+             "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet}]],
                       "routes": [{"dst": "0.0.0.0/0"}]}},
             {"type": "portmap", "capabilities": {"portMappings": true}},
         ],
@@ -250,11 +275,18 @@ pub fn machine_files(s: &KubeletSettings) -> Result<Vec<MachineFile>, KubeletSet
         ),
         file("etc/kubernetes/kubelet.yaml", json(&config), 0o644),
         file("etc/containerd/config.toml", containerd, containerd_mode),
-        file("etc/cni/net.d/10-flexnode.conflist", json(&cni), 0o644),
+        if from_cluster {
+            file(CNI_TEMPLATE, json(&cni), 0o644)
+        } else {
+            file("etc/cni/net.d/10-flexnode.conflist", json(&cni), 0o644)
+        },
         file(KUBELET_ENV, env, 0o644),
     ]);
     Ok(files)
 }
+
+/// The bridge network's template, when the pod range comes from the cluster.
+const CNI_TEMPLATE: &str = "etc/containerd/flexnode-cni.template";
 
 /// The registry CA's place in the machine's tree.
 const REGISTRY_CA: &str = "etc/containerd/flexnode-registry-ca.pem";
@@ -323,8 +355,23 @@ pub fn files_from(inputs: &KubeletInputs) -> EffectResult<Vec<MachineFile>> {
         node_ip: address_towards(&inputs.server),
         registries,
         registry_ca_pem: registry_ca.as_deref(),
+        // The machine is started by the host's init, so its bounding set is the machine's.
+        restrict_oom_score_adj: std::fs::read_to_string("/proc/1/status")
+            .is_ok_and(|status| !can_lower_oom_scores(&status)),
     };
     machine_files(&settings).map_err(|e| EffectError::Failed(format!("kubelet settings: {e}")))
+}
+
+/// Whether a process whose `/proc/PID/status` is `status` may lower OOM scores: its bounding
+/// set holds `CAP_SYS_RESOURCE`. A status without a readable `CapBnd` answers yes (what every
+/// host the agent was built for does).
+fn can_lower_oom_scores(status: &str) -> bool {
+    const CAP_SYS_RESOURCE: u32 = 24;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapBnd:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_none_or(|set| set & (1 << CAP_SYS_RESOURCE) != 0)
 }
 
 /// This host's address on the way to the API server at `server` (`https://host:port`): the
@@ -381,7 +428,73 @@ mod tests {
             registry_ca_pem: Some(
                 b"-----BEGIN CERTIFICATE-----\nMIIC\n-----END CERTIFICATE-----\n",
             ),
+            restrict_oom_score_adj: false,
         }
+    }
+
+    fn containerd_toml(s: &KubeletSettings) -> String {
+        let files = machine_files(s).expect("files");
+        let f = files
+            .iter()
+            .find(|f| f.path.ends_with("config.toml"))
+            .expect("containerd config");
+        String::from_utf8(f.contents.clone()).expect("utf-8")
+    }
+
+    #[test]
+    fn pods_oom_scores_are_restricted_only_where_the_host_cannot_lower_them() {
+        let mut s = settings("abcdef.0123456789abcdef");
+        assert!(containerd_toml(&s).contains("  restrict_oom_score_adj = false\n"));
+        s.restrict_oom_score_adj = true;
+        let toml = containerd_toml(&s);
+        let cri = toml
+            .split("\n[")
+            .find(|t| t.starts_with("plugins.\"io.containerd.grpc.v1.cri\"]"))
+            .expect("the CRI table");
+        assert!(cri.ends_with("\n  restrict_oom_score_adj = true"), "{toml}");
+    }
+
+    #[test]
+    fn a_pod_range_from_the_cluster_is_a_template_containerd_renders_with_the_nodes_range() {
+        let mut s = settings("abcdef.0123456789abcdef");
+        let fixed = machine_files(&s).expect("files");
+        assert!(
+            fixed
+                .iter()
+                .any(|f| f.path.ends_with("10-flexnode.conflist"))
+        );
+        assert!(!containerd_toml(&s).contains("conf_template"));
+        s.pod_cidr = POD_RANGE_FROM_CLUSTER;
+        let files = machine_files(&s).expect("files");
+        assert!(!files.iter().any(|f| f.path.starts_with("etc/cni")));
+        let template = files
+            .iter()
+            .find(|f| f.path.ends_with("flexnode-cni.template"))
+            .expect("the template");
+        let text = String::from_utf8(template.contents.clone()).expect("utf-8");
+        assert!(
+            text.contains(r#""ranges":[[{"subnet":"{{.PodCIDR}}"}]]"#),
+            "{text}"
+        );
+        assert!(
+            containerd_toml(&s)
+                .contains("\n  conf_template = \"/etc/containerd/flexnode-cni.template\"\n")
+        );
+        s.pod_cidr = "clusters";
+        assert_eq!(
+            machine_files(&s),
+            Err(KubeletSettingsError::PodCidr("clusters".into()))
+        );
+    }
+
+    #[test]
+    fn the_bounding_set_tells_whether_oom_scores_can_be_lowered() {
+        let full = "Name:\tsystemd\nCapBnd:\t000001ffffffffff\nCapAmb:\t0\n";
+        let without = "Name:\tsystemd\nCapBnd:\t000001fffeffffff\nCapAmb:\t0\n";
+        assert!(can_lower_oom_scores(full));
+        assert!(!can_lower_oom_scores(without));
+        assert!(can_lower_oom_scores("Name:\tinit\n"));
+        assert!(can_lower_oom_scores("CapBnd:\tzz\n"));
     }
 
     #[test]

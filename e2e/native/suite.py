@@ -1,0 +1,230 @@
+#!/usr/bin/env python3
+"""e2e/native/suite.py — the native multi-node suite, run by `e2e/native/lab suite` in a fresh
+lab of three nodes.
+
+  suite.py --lab DIR [--only a,b,...] [--list]
+
+DIR is a lab `e2e/native/lab up` brought up (its `state` file names the nodes, the control
+plane, the binaries). Each named check prints `PASS name (1.2 s)` or `FAIL name (1.2 s):
+reason`; the run ends with `N passed, M failed, K not run in T s` and exits 1 if any check
+failed (the harness of e2e/host/lab.py). Checks assert what the API and the nodes show:
+Nodes, their pod ranges and pods (kubectl with the admin kubeconfig), MachineOperations
+(recorded by the operation watch from the start), each node's `flexnode status -o json` and
+its machine's files. Python 3 stdlib only.
+"""
+
+import ipaddress
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "host"))
+
+from lab import Fail, Lab, SuiteBase, detail, need, parse_time, run_suite, wait_until  # noqa: E402
+
+POD_LABEL = "flexnode-native-suite"
+SELECTOR = "app.kubernetes.io/managed-by=flexnode"
+
+
+class NativeLab:
+    """The lab as the checks see it: the admin's kubectl and flexnode, and a shell on each
+    node (nsenter into the node's namespaces by `e2e/native/run exec`)."""
+
+    def __init__(self, d):
+        self.dir = d
+        st = {}
+        with open(os.path.join(d, "state")) as fh:
+            for line in fh:
+                k, _, v = line.rstrip("\n").partition("=")
+                st[k] = v
+        self.st = st
+        self.nodes = ["node-%d" % i for i in range(1, int(st["NODES"]) + 1)]
+        self.kubectl_bin = st["KUBECTL"]
+        self.kubeconfig = st["KUBECONFIG"]
+        self.flexnode = st["FLEXNODE_BIN"]
+        self.cp_dir = st["CP_DIR"]
+        self.k8s_version = st["K8S_VERSION"]
+        self.busybox = "10.0.2.100:5000/flexnode/busybox@" + st["BUSYBOX_IMAGE"]
+        self.native_run = os.path.join(os.path.dirname(os.path.abspath(__file__)), "run")
+
+    def drop_ssh(self):
+        """Nothing to drop: the nodes are reached through their namespaces."""
+
+    # The API side is the QEMU labs': the admin's kubectl, operations and their Events.
+    kubectl = Lab.kubectl
+    get_op = Lab.get_op
+    events_for = Lab.events_for
+
+    def kube_json(self, *args):
+        rc, out, err = self.kubectl(*args, "-o", "json")
+        need(rc == 0, "kubectl %s: %s" % (" ".join(args), err.strip()))
+        return json.loads(out)
+
+    def node_sh(self, node, script, timeout=120):
+        """stdout of a root shell script on NODE, run under `set -e`."""
+        p = subprocess.run([self.native_run, "exec", node, "sh", "-c", "set -e\n" + script],
+                           capture_output=True, text=True, timeout=timeout)
+        if p.returncode != 0:
+            raise Fail("%s: command failed (rc %d): %s: %s"
+                       % (node, p.returncode, script[:120], (p.stderr or p.stdout).strip()[-400:]))
+        return p.stdout
+
+
+class Suite(SuiteBase):
+    def pods(self):
+        return {p["spec"]["nodeName"]: p for p in self.lab.kube_json(
+            "get", "pods", "-l", "app=" + POD_LABEL)["items"]}
+
+    def ranges(self):
+        return {n["metadata"]["name"]: n["spec"].get("podCIDR", "")
+                for n in self.lab.kube_json("get", "nodes")["items"]}
+
+    def pods_running(self, timeout=120):
+        def probe():
+            pods = self.pods()
+            ok = all(pods.get(n, {}).get("status", {}).get("phase") == "Running"
+                     and pods[n]["status"].get("podIP") for n in self.lab.nodes)
+            return pods if ok else None
+        return wait_until("a pod Running on every node", probe, timeout, 1)
+
+    def c_join(self):
+        lab = self.lab
+        nodes = {n["metadata"]["name"]: n for n in lab.kube_json("get", "nodes")["items"]}
+        need(sorted(nodes) == lab.nodes, "the Nodes are %s, not %s" % (sorted(nodes), lab.nodes))
+        for name in lab.nodes:
+            n = nodes[name]
+            ready = [c for c in n["status"]["conditions"] if c["type"] == "Ready"]
+            need(ready and ready[0]["status"] == "True", "%s is not Ready: %s" % (name, ready))
+            need(n["status"]["nodeInfo"]["kubeletVersion"] == lab.k8s_version,
+                 "%s runs kubelet %s" % (name, n["status"]["nodeInfo"]["kubeletVersion"]))
+            addr = [a["address"] for a in n["status"]["addresses"] if a["type"] == "InternalIP"]
+            need(addr == ["10.0.2.%d" % (10 + int(name.split("-")[1]))],
+                 "%s's InternalIP is %s, not its bridge address" % (name, addr))
+            m = lab.kube_json("get", "machines", name)
+            need(m.get("status", {}).get("phase") == "Ready", "Machine %s is %s" % (name, m.get("status")))
+            st = json.loads(lab.node_sh(name, "/opt/flexnode/bin/flexnode status -o json"))
+            need(st.get("phase") == "Ready", "%s: flexnode status phase %s" % (name, st.get("phase")))
+            need(lab.node_sh(name, "systemctl is-active flexnode-agent").strip() == "active",
+                 "%s: flexnode-agent is not active" % name)
+            kube1 = lab.node_sh(name, "machinectl show kube1 -p State --value").strip()
+            need(kube1 == "running", "%s: machine kube1 is %r" % (name, kube1))
+        detail("3 Nodes Ready at %s, Machines Ready, agents active, kube1 running" % lab.k8s_version)
+
+    def c_pod_ranges(self):
+        ranges = self.ranges()
+        nets = {n: ipaddress.ip_network(r) for n, r in ranges.items() if r}
+        need(len(nets) == len(self.lab.nodes), "Nodes without a pod range: %s" % ranges)
+        cluster = ipaddress.ip_network("10.244.0.0/16")
+        for n, net in nets.items():
+            need(net.subnet_of(cluster), "%s's range %s is not in %s" % (n, net, cluster))
+            for m, other in nets.items():
+                need(m == n or not net.overlaps(other), "%s and %s overlap: %s %s" % (n, m, net, other))
+            # containerd rendered the machine's bridge network from flexnode's template.
+            conf = json.loads(self.lab.node_sh(
+                n, "cat /var/lib/machines/kube1/etc/cni/net.d/10-containerd-net.conflist"))
+            subnet = conf["plugins"][0]["ipam"]["ranges"][0][0]["subnet"]
+            need(subnet == str(net), "%s's bridge network has range %s, its Node %s" % (n, subnet, net))
+        detail("ranges: %s" % ", ".join("%s %s" % kv for kv in sorted(ranges.items())))
+
+    def c_pod_on_every_node(self):
+        lab = self.lab
+        for i, n in enumerate(lab.nodes, 1):
+            pod = {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "web-%d" % i, "labels": {"app": POD_LABEL}},
+                "spec": {"nodeName": n, "dnsPolicy": "Default", "terminationGracePeriodSeconds": 5,
+                         "containers": [{"name": "web", "image": lab.busybox, "command": [
+                             "/bin/busybox", "sh", "-c",
+                             "mkdir -p /www; echo served-by-%s > /www/index.html; echo up on %s; "
+                             "/bin/busybox httpd -f -p 8080 -h /www & trap 'kill $!; exit 0' TERM; wait"
+                             % (n, n)]}]}}
+            rc, _, err = lab.kubectl("apply", "-f", "-", inp=json.dumps(pod))
+            need(rc == 0, "kubectl apply web-%d: %s" % (i, err.strip()))
+        pods = self.pods_running()
+        ranges = self.ranges()
+        for n in lab.nodes:
+            ip = ipaddress.ip_address(pods[n]["status"]["podIP"])
+            need(ip in ipaddress.ip_network(ranges[n]), "%s's pod has %s, outside %s" % (n, ip, ranges[n]))
+            name = pods[n]["metadata"]["name"]
+            rc, out, err = lab.kubectl("logs", name)
+            need(rc == 0 and out.strip() == "up on %s" % n, "kubectl logs %s: %r %s" % (name, out, err.strip()))
+            rc, out, err = lab.kubectl("exec", name, "--", "/bin/busybox", "cat", "/www/index.html")
+            need(rc == 0 and out.strip() == "served-by-%s" % n, "kubectl exec %s: %r %s" % (name, out, err.strip()))
+        detail("pods: %s" % ", ".join("%s %s" % (n, pods[n]["status"]["podIP"]) for n in lab.nodes))
+
+    def across(self):
+        """Every pod fetches every other pod's page by its pod IP."""
+        lab = self.lab
+        pods = self.pods_running()
+        for a in lab.nodes:
+            for b in lab.nodes:
+                ip = pods[b]["status"]["podIP"]
+                rc, out, err = lab.kubectl(
+                    "exec", pods[a]["metadata"]["name"], "--", "/bin/busybox", "sh", "-c",
+                    "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | /bin/busybox nc -w 5 %s 8080" % ip, timeout=30)
+                need(rc == 0 and out.strip().endswith("served-by-%s" % b),
+                     "the pod on %s did not reach the pod on %s at %s: %r %s" % (a, b, ip, out[-200:], err.strip()))
+        return len(lab.nodes) ** 2
+
+    def c_pod_to_pod(self):
+        detail("%d pod-to-pod fetches by pod IP, across every pair of nodes" % self.across())
+
+    def c_rollout(self):
+        lab = self.lab
+        since = {n: self.pods()[n]["status"]["containerStatuses"][0]["restartCount"] for n in lab.nodes}
+        name = "native-suite-reboot"
+        p = subprocess.run([lab.flexnode, "rollout", "--kubeconfig", lab.kubeconfig, "reboot",
+                            "--selector", SELECTOR, "--max-unavailable", "1", "--name", name,
+                            "--wave-timeout", "5m"], capture_output=True, text=True, timeout=900)
+        detail(p.stdout.strip().splitlines()[-1] if p.stdout.strip() else "(no output)")
+        need(p.returncode == 0, "flexnode rollout: rc %d: %s" % (p.returncode, (p.stderr or p.stdout).strip()[-400:]))
+        ops = {}
+        for n in lab.nodes:
+            mine = [o for o in self.watch.names() if o.startswith(name + "-" + n + "-")]
+            need(len(mine) == 1, "%s got operations %s" % (n, mine))
+            self.created.append(mine[0])
+            phases = [row[1] for row in self.watch.history(mine[0])]
+            need(phases and phases[-1] == "Complete", "%s's %s went %s" % (n, mine[0], phases))
+            op = lab.get_op(mine[0])
+            ops[n] = (parse_time(op["status"]["startedAt"]), parse_time(op["status"]["completedAt"]))
+        # Waves of one: each node's operation starts after the one before it completed.
+        for a, b in zip(lab.nodes, lab.nodes[1:]):
+            need(ops[b][0] >= ops[a][1], "%s started at %s before %s completed at %s" % (b, ops[b][0], a, ops[a][1]))
+        pods = self.pods_running()
+        for n in lab.nodes:
+            restarts = pods[n]["status"]["containerStatuses"][0]["restartCount"]
+            need(restarts > since[n], "%s's pod did not restart with its machine (%d)" % (n, restarts))
+        detail("in order: %s" % ", ".join("%s %.1f s" % (n, ops[n][1] - ops[n][0]) for n in lab.nodes))
+        detail("%d pod-to-pod fetches after the reboots" % self.across())
+
+
+CHECKS = [
+    ("three-nodes-join", Suite.c_join),
+    ("pod-ranges-from-the-cluster", Suite.c_pod_ranges),
+    ("pod-on-every-node", Suite.c_pod_on_every_node),
+    ("pod-to-pod-across-nodes", Suite.c_pod_to_pod),
+    ("rollout-reboot-in-waves-of-one", Suite.c_rollout),
+    ("one-terminal-result-per-operation", Suite.c_one_result_each),
+]
+
+
+def diagnose(lab):
+    """Context after a failure: each node's agent journal tail and its machine's kubelet."""
+    for n in lab.nodes:
+        try:
+            out = lab.node_sh(n, "journalctl --no-pager -o short-precise -n 8 -u 'flexnode*'; "
+                                 "machinectl list --no-legend || true")
+        except Fail as e:
+            out = str(e)
+        print("---- %s\n%s" % (n, out.rstrip()), flush=True)
+    rc, out, _ = lab.kubectl("get", "nodes,pods", "-o", "wide")
+    print(out.rstrip(), flush=True)
+
+
+def main():
+    return run_suite(__doc__, CHECKS, Suite, NativeLab, diagnose, "three-nodes-join", lambda suite: None)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
