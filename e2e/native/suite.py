@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "host"))
 
@@ -45,6 +46,8 @@ class NativeLab:
         self.flexnode = st["FLEXNODE_BIN"]
         self.cp_dir = st["CP_DIR"]
         self.k8s_version = st["K8S_VERSION"]
+        self.join_version = st["JOIN_VERSION"]
+        self.lab_script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lab")
         self.busybox = "10.0.2.100:5000/flexnode/busybox@" + st["BUSYBOX_IMAGE"]
         self.native_run = os.path.join(os.path.dirname(os.path.abspath(__file__)), "run")
 
@@ -96,7 +99,7 @@ class Suite(SuiteBase):
             n = nodes[name]
             ready = [c for c in n["status"]["conditions"] if c["type"] == "Ready"]
             need(ready and ready[0]["status"] == "True", "%s is not Ready: %s" % (name, ready))
-            need(n["status"]["nodeInfo"]["kubeletVersion"] == lab.k8s_version,
+            need(n["status"]["nodeInfo"]["kubeletVersion"] == lab.join_version,
                  "%s runs kubelet %s" % (name, n["status"]["nodeInfo"]["kubeletVersion"]))
             addr = [a["address"] for a in n["status"]["addresses"] if a["type"] == "InternalIP"]
             need(addr == ["10.0.2.%d" % (10 + int(name.split("-")[1]))],
@@ -109,7 +112,7 @@ class Suite(SuiteBase):
                  "%s: flexnode-agent is not active" % name)
             kube1 = lab.node_sh(name, "machinectl show kube1 -p State --value").strip()
             need(kube1 == "running", "%s: machine kube1 is %r" % (name, kube1))
-        detail("3 Nodes Ready at %s, Machines Ready, agents active, kube1 running" % lab.k8s_version)
+        detail("3 Nodes Ready at %s, Machines Ready, agents active, kube1 running" % lab.join_version)
 
     def c_pod_ranges(self):
         ranges = self.ranges()
@@ -128,19 +131,29 @@ class Suite(SuiteBase):
         detail("ranges: %s" % ", ".join("%s %s" % kv for kv in sorted(ranges.items())))
 
     def c_pod_on_every_node(self):
+        for i, n in enumerate(self.lab.nodes, 1):
+            self.start_pod(i, n)
+        self.pods_served()
+
+    def start_pod(self, i, n):
+        """Pod web-I on node N: busybox's httpd serving its node's name on 8080, which ends on
+        SIGTERM (a PID 1 without a handler would hold its machine's stop for 90 s)."""
+        pod = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web-%d" % i, "labels": {"app": POD_LABEL}},
+            "spec": {"nodeName": n, "dnsPolicy": "Default", "terminationGracePeriodSeconds": 5,
+                     "containers": [{"name": "web", "image": self.lab.busybox, "command": [
+                         "/bin/busybox", "sh", "-c",
+                         "mkdir -p /www; echo served-by-%s > /www/index.html; echo up on %s; "
+                         "/bin/busybox httpd -f -p 8080 -h /www & trap 'kill $!; exit 0' TERM; wait"
+                         % (n, n)]}]}}
+        rc, _, err = self.lab.kubectl("apply", "-f", "-", inp=json.dumps(pod))
+        need(rc == 0, "kubectl apply web-%d: %s" % (i, err.strip()))
+
+    def pods_served(self):
+        """Each node's pod runs with an address in its node's range; its logs and exec reach
+        its kubelet."""
         lab = self.lab
-        for i, n in enumerate(lab.nodes, 1):
-            pod = {
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": "web-%d" % i, "labels": {"app": POD_LABEL}},
-                "spec": {"nodeName": n, "dnsPolicy": "Default", "terminationGracePeriodSeconds": 5,
-                         "containers": [{"name": "web", "image": lab.busybox, "command": [
-                             "/bin/busybox", "sh", "-c",
-                             "mkdir -p /www; echo served-by-%s > /www/index.html; echo up on %s; "
-                             "/bin/busybox httpd -f -p 8080 -h /www & trap 'kill $!; exit 0' TERM; wait"
-                             % (n, n)]}]}}
-            rc, _, err = lab.kubectl("apply", "-f", "-", inp=json.dumps(pod))
-            need(rc == 0, "kubectl apply web-%d: %s" % (i, err.strip()))
         pods = self.pods_running()
         ranges = self.ranges()
         for n in lab.nodes:
@@ -174,9 +187,11 @@ class Suite(SuiteBase):
         lab = self.lab
         since = {n: self.pods()[n]["status"]["containerStatuses"][0]["restartCount"] for n in lab.nodes}
         name = "native-suite-reboot"
+        t = time.time()
         p = subprocess.run([lab.flexnode, "rollout", "--kubeconfig", lab.kubeconfig, "reboot",
                             "--selector", SELECTOR, "--max-unavailable", "1", "--name", name,
                             "--wave-timeout", "5m"], capture_output=True, text=True, timeout=900)
+        took = time.time() - t
         detail(p.stdout.strip().splitlines()[-1] if p.stdout.strip() else "(no output)")
         need(p.returncode == 0, "flexnode rollout: rc %d: %s" % (p.returncode, (p.stderr or p.stdout).strip()[-400:]))
         ops = {}
@@ -191,12 +206,76 @@ class Suite(SuiteBase):
         # Waves of one: each node's operation starts after the one before it completed.
         for a, b in zip(lab.nodes, lab.nodes[1:]):
             need(ops[b][0] >= ops[a][1], "%s started at %s before %s completed at %s" % (b, ops[b][0], a, ops[a][1]))
-        pods = self.pods_running()
-        for n in lab.nodes:
-            restarts = pods[n]["status"]["containerStatuses"][0]["restartCount"]
-            need(restarts > since[n], "%s's pod did not restart with its machine (%d)" % (n, restarts))
-        detail("in order: %s" % ", ".join("%s %.1f s" % (n, ops[n][1] - ops[n][0]) for n in lab.nodes))
+        def restarted():
+            pods = self.pods_running(30)
+            ok = all(pods[n]["status"]["containerStatuses"][0]["restartCount"] > since[n]
+                     and pods[n]["status"]["containerStatuses"][0].get("ready") for n in lab.nodes)
+            return pods if ok else None
+        wait_until("every pod restarted with its machine and ready", restarted, 120, 1)
+        detail("in order: %s; the rollout took %.1f s" % (
+            ", ".join("%s %.1f s" % (n, ops[n][1] - ops[n][0]) for n in lab.nodes), took))
         detail("%d pod-to-pod fetches after the reboots" % self.across())
+
+
+    def c_repave(self):
+        """node-2's Machine goes to the control plane's version and its Node is deleted: the
+        agent repaves it to kube2 from that version's node image. The new Node is Ready at the
+        new version; its range is the cluster's anew (the lab routes it again), its pod runs
+        again with an address in it, and every pod reaches every other by pod IP again; the
+        other nodes' machines were not touched."""
+        lab = self.lab
+        node = "node-2"
+        others = {n: lab.node_sh(n, "machinectl show kube1 -p Leader --value").strip()
+                  for n in lab.nodes if n != node}
+        patch = json.dumps({"spec": {"kubernetes": {"version": lab.k8s_version}}})
+        rc, out, err = lab.kubectl("patch", "machines", node, "--type", "merge", "-p", patch, "-o", "json")
+        need(rc == 0, "kubectl patch machine: %s" % err.strip())
+        gen = json.loads(out)["metadata"]["generation"]
+        t = time.time()
+        rc, _, err = lab.kubectl("delete", "node", node, "--wait=true", timeout=120)
+        need(rc == 0, "kubectl delete node: %s" % err.strip())
+
+        def applied():
+            st = json.loads(lab.node_sh(node, "/opt/flexnode/bin/flexnode status -o json"))
+            n = st.get("node") or {}
+            return st if (st.get("phase") == "Ready" and n.get("activeSide") == "kube2"
+                          and n.get("appliedGeneration") == gen) else None
+        st = wait_until("%s Ready on kube2 at generation %d" % (node, gen), applied, 300, 1)
+        need((st.get("node") or {}).get("appliedKubernetesVersion") == lab.k8s_version,
+             "flexnode status after the repave: %s" % st.get("node"))
+
+        def ready():
+            rc, out, _ = lab.kubectl("get", "node", node, "-o", "json")
+            if rc != 0:
+                return None
+            n = json.loads(out)
+            ok = [c for c in n["status"].get("conditions", []) if c["type"] == "Ready" and c["status"] == "True"]
+            return n if ok and n["spec"].get("podCIDR") else None
+        n = wait_until("Node %s Ready with a pod range" % node, ready, 120, 1)
+        took = time.time() - t
+        need(n["status"]["nodeInfo"]["kubeletVersion"] == lab.k8s_version,
+             "%s's kubelet is %s after the repave" % (node, n["status"]["nodeInfo"]["kubeletVersion"]))
+        gone = lab.node_sh(node, "test -e /var/lib/machines/kube1 && echo left || echo gone").strip()
+        need(gone == "gone", "kube1's tree is %s after the repave" % gone)
+        for other, leader in others.items():
+            now = lab.node_sh(other, "machinectl show kube1 -p Leader --value").strip()
+            need(now == leader, "%s's machine restarted during %s's repave (%s -> %s)" % (other, node, leader, now))
+        p = subprocess.run([lab.lab_script, "routes", "--dir", lab.dir], capture_output=True, text=True, timeout=120)
+        need(p.returncode == 0, "e2e/native/lab routes: %s" % (p.stderr or p.stdout).strip()[-300:])
+        # The pod bound to the Node (the same name again) is run anew by the new kubelet, in
+        # the new range.
+        net = ipaddress.ip_network(n["spec"]["podCIDR"])
+
+        def anew():
+            p = self.pods().get(node) or {}
+            ip = p.get("status", {}).get("podIP")
+            ready = [c for c in p.get("status", {}).get("conditions", []) if c["type"] == "Ready"]
+            return p if ip and ipaddress.ip_address(ip) in net and ready and ready[0]["status"] == "True" else None
+        wait_until("%s's pod running again in %s" % (node, net), anew, 120, 1)
+        self.pods_served()
+        detail("%s repaved kube1 -> kube2 (%s -> %s, range %s) in %.1f s from the Node's deletion; "
+               "%d pod-to-pod fetches after" % (node, lab.join_version, lab.k8s_version,
+                                                n["spec"]["podCIDR"], took, self.across()))
 
 
 CHECKS = [
@@ -205,6 +284,7 @@ CHECKS = [
     ("pod-on-every-node", Suite.c_pod_on_every_node),
     ("pod-to-pod-across-nodes", Suite.c_pod_to_pod),
     ("rollout-reboot-in-waves-of-one", Suite.c_rollout),
+    ("repave-one-node-pods-across-after", Suite.c_repave),
     ("one-terminal-result-per-operation", Suite.c_one_result_each),
 ]
 

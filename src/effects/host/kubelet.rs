@@ -280,9 +280,40 @@ pub fn machine_files(s: &KubeletSettings) -> Result<Vec<MachineFile>, KubeletSet
         } else {
             file("etc/cni/net.d/10-flexnode.conflist", json(&cni), 0o644)
         },
-        file(KUBELET_ENV, env, 0o644),
     ]);
+    if from_cluster {
+        files.extend(pod_bridge_reset());
+    }
+    files.push(file(KUBELET_ENV, env, 0o644));
     Ok(files)
+}
+
+/// Both sides share the host's network namespace, so the pod bridge the other side left
+/// there keeps its gateway address: after a repave whose Node took a new range, every
+/// sandbox of the new side failed ("failed to set bridge addr: \"cni0\" already has an IP
+/// address different from …"). At each boot of the machine, before its containerd, the
+/// bridge is removed (none of this machine's pods exist yet; a containerd restart does not
+/// run it again). The failure of an image without `ip` is ignored.
+fn pod_bridge_reset() -> [MachineFile; 2] {
+    [
+        file(
+            "etc/systemd/system/flexnode-pod-bridge-reset.service",
+            "# flexnode: the pod bridge of the machine's last boot (or the other side's) removed.\n\
+             [Unit]\nDescription=The pod bridge removed before containerd starts (flexnode)\n\
+             Before=containerd.service\n\n[Service]\nType=oneshot\nRemainAfterExit=yes\n\
+             ExecStart=-ip link delete cni0\n"
+                .to_string(),
+            0o644,
+        ),
+        file(
+            "etc/systemd/system/containerd.service.d/flexnode-pod-bridge.conf",
+            "# flexnode: see flexnode-pod-bridge-reset.service.\n\
+             [Unit]\nWants=flexnode-pod-bridge-reset.service\n\
+             After=flexnode-pod-bridge-reset.service\n"
+                .to_string(),
+            0o644,
+        ),
+    ]
 }
 
 /// The bridge network's template, when the pod range comes from the cluster.
@@ -464,9 +495,30 @@ mod tests {
                 .any(|f| f.path.ends_with("10-flexnode.conflist"))
         );
         assert!(!containerd_toml(&s).contains("conf_template"));
+        assert!(
+            !fixed
+                .iter()
+                .any(|f| f.path.to_string_lossy().contains("pod-bridge")),
+            "a fixed range is the same on both sides: no bridge to reset"
+        );
         s.pod_cidr = POD_RANGE_FROM_CLUSTER;
         let files = machine_files(&s).expect("files");
         assert!(!files.iter().any(|f| f.path.starts_with("etc/cni")));
+        let reset = files
+            .iter()
+            .find(|f| {
+                f.path
+                    .ends_with("containerd.service.d/flexnode-pod-bridge.conf")
+            })
+            .expect("containerd's drop-in");
+        assert!(String::from_utf8_lossy(&reset.contents).contains(
+            "Wants=flexnode-pod-bridge-reset.service\nAfter=flexnode-pod-bridge-reset.service\n"
+        ));
+        assert_eq!(
+            files.last().map(|f| f.path.as_path()),
+            Some(Path::new(KUBELET_ENV)),
+            "the kubelet's arguments stay last"
+        );
         let template = files
             .iter()
             .find(|f| f.path.ends_with("flexnode-cni.template"))
