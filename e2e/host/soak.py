@@ -666,7 +666,7 @@ def main():
     ap.add_argument("--kinds", default=",".join(KINDS))
     ap.add_argument("--record")
     ap.add_argument("--joined", action="store_true",
-                    help="the node is joined already (a lab kept up with `e2e/run lab`): no join")
+                    help="the node is joined already (a lab kept up with `e2e/run lab --qemu`): no join")
     a = ap.parse_args()
     kinds = [k for k in a.kinds.split(",") if k]
     bad = set(kinds) - set(KINDS)
