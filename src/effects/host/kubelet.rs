@@ -386,7 +386,10 @@ pub fn files_from(inputs: &KubeletInputs) -> EffectResult<Vec<MachineFile>> {
         node_ip: address_towards(&inputs.server),
         registries,
         registry_ca_pem: registry_ca.as_deref(),
-        // The machine is started by the host's init, so its bounding set is the machine's.
+        // The machine is started by the host's init, so its bounding set is the machine's. In
+        // the container install /proc/1 is the agent's own container, whose set lacks it: the
+        // restriction is then on, and harmless where the machine's containerd runs at -999 as
+        // its unit sets (every pod's score is above that).
         restrict_oom_score_adj: std::fs::read_to_string("/proc/1/status")
             .is_ok_and(|status| !can_lower_oom_scores(&status)),
     };
