@@ -57,6 +57,16 @@ stop_pidfile() { # stop_pidfile FILE PATTERN: SIGTERM (then SIGKILL) the PID in 
   rm -f "$f"
 }
 
+# remove_under ROOT PATH: rm -rf of PATH, only inside ROOT, never through "..", and never of a
+# tree with a mount under it (a node's bind mounts, were it still up).
+remove_under() {
+  local root=$1 p=$2
+  [[ -e $p || -L $p ]] || return 0
+  [[ $p == "$root"/* && "/$p/" != */../* ]] || die "refusing to remove $p (not inside $root)"
+  if findmnt -rn -o TARGET | grep -q "^$p\(/\|$\)"; then die "$p has mounts under it; refusing to remove it"; fi
+  rm -rf --one-file-system -- "$p"
+}
+
 # debian_mirror: the Debian archive this machine's apt uses (MIRROR overrides), for debootstrap.
 debian_mirror() {
   local m=${MIRROR:-$(awk '/^URIs:/ { print $2; exit }' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)}
