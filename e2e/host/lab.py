@@ -79,15 +79,20 @@ def parse_time(s):
 
 # ------------------------------------------------------------------------------------ the lab
 
+def read_state(d):
+    """A lab's `DIR/state` (KEY=VALUE lines, e2e/lib.sh's state_set) as a dict."""
+    st = {}
+    with open(os.path.join(d, "state")) as fh:
+        for line in fh:
+            k, _, v = line.rstrip("\n").partition("=")
+            st[k] = v
+    return st
+
+
 class Lab:
     def __init__(self, d):
         self.dir = d
-        st = {}
-        with open(os.path.join(d, "state")) as fh:
-            for line in fh:
-                k, _, v = line.rstrip("\n").partition("=")
-                st[k] = v
-        self.st = st
+        self.st = st = read_state(d)
         self.node = st["NODE"]
         self.guest = st["GUEST"]
         self.kubectl_bin = st["KUBECTL"]
@@ -311,12 +316,7 @@ class Api:
     """The lab's kube-apiserver over HTTPS with the admin certificate (stdlib only)."""
 
     def __init__(self, cp_dir):
-        st = {}
-        with open(os.path.join(cp_dir, "state")) as fh:
-            for line in fh:
-                k, _, v = line.rstrip("\n").partition("=")
-                st[k] = v
-        u = urllib.parse.urlsplit(st["APISERVER_URL"])
+        u = urllib.parse.urlsplit(read_state(cp_dir)["APISERVER_URL"])
         self.host, self.port = u.hostname, u.port
         pki = os.path.join(cp_dir, "pki")
         self.ctx = ssl.create_default_context(cafile=os.path.join(pki, "ca.crt"))

@@ -22,7 +22,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "host"))
 
-from lab import Fail, Lab, SuiteBase, detail, need, parse_time, run_suite, wait_until  # noqa: E402
+from lab import (Fail, Lab, SuiteBase, detail, need, parse_time, read_state, run_suite,  # noqa: E402
+                 wait_until)
 
 POD_LABEL = "flexnode-native-suite"
 SELECTOR = "app.kubernetes.io/managed-by=flexnode"
@@ -34,12 +35,7 @@ class NativeLab:
 
     def __init__(self, d):
         self.dir = d
-        st = {}
-        with open(os.path.join(d, "state")) as fh:
-            for line in fh:
-                k, _, v = line.rstrip("\n").partition("=")
-                st[k] = v
-        self.st = st
+        self.st = st = read_state(d)
         self.nodes = ["node-%d" % i for i in range(1, int(st["NODES"]) + 1)]
         self.kubectl_bin = st["KUBECTL"]
         self.kubeconfig = st["KUBECONFIG"]

@@ -128,9 +128,8 @@ fn file(path: &str, contents: String, mode: u32) -> MachineFile {
     }
 }
 
-/// The machine's files for `s`, in the order they are written (the kubelet's arguments last:
-/// the unit is conditioned on them).
-pub fn machine_files(s: &KubeletSettings) -> Result<Vec<MachineFile>, KubeletSettingsError> {
+/// Every value of `s` that a file quotes, checked (never quoting a credential back).
+fn validate(s: &KubeletSettings) -> Result<(), KubeletSettingsError> {
     let KubeletCredential::BootstrapToken(token) = s.credential;
     if !valid_token(token) {
         return Err(KubeletSettingsError::BootstrapToken);
@@ -138,8 +137,7 @@ pub fn machine_files(s: &KubeletSettings) -> Result<Vec<MachineFile>, KubeletSet
     if !valid_reference(s.sandbox_image) {
         return Err(KubeletSettingsError::SandboxImage(s.sandbox_image.into()));
     }
-    let from_cluster = s.pod_cidr == POD_RANGE_FROM_CLUSTER;
-    if !from_cluster && !valid_cidr(s.pod_cidr) {
+    if s.pod_cidr != POD_RANGE_FROM_CLUSTER && !valid_cidr(s.pod_cidr) {
         return Err(KubeletSettingsError::PodCidr(s.pod_cidr.into()));
     }
     if !s.server.starts_with("https://") || s.server.contains(char::is_whitespace) {
@@ -158,6 +156,15 @@ pub fn machine_files(s: &KubeletSettings) -> Result<Vec<MachineFile>, KubeletSet
             return Err(KubeletSettingsError::Registry(r.host.clone()));
         }
     }
+    Ok(())
+}
+
+/// The machine's files for `s`, in the order they are written (the kubelet's arguments last:
+/// the unit is conditioned on them).
+pub fn machine_files(s: &KubeletSettings) -> Result<Vec<MachineFile>, KubeletSettingsError> {
+    validate(s)?;
+    let KubeletCredential::BootstrapToken(token) = s.credential;
+    let from_cluster = s.pod_cidr == POD_RANGE_FROM_CLUSTER;
     use base64::Engine;
     let ca_data = base64::engine::general_purpose::STANDARD.encode(s.ca_pem);
     let bootstrap = serde_json::json!({
@@ -199,60 +206,14 @@ pub fn machine_files(s: &KubeletSettings) -> Result<Vec<MachineFile>, KubeletSet
         args.join(" "),
         s.node_name
     );
-    let containerd = format!(
-        "# flexnode: containerd's CRI for the kubelet.\nversion = 2\n\n\
-         [plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"{}\"\n  \
-         restrict_oom_score_adj = {}\n\
-         [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n  \
-         runtime_type = \"io.containerd.runc.v2\"\n\
-         [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc.options]\n  \
-         SystemdCgroup = true\n\
-         [plugins.\"io.containerd.grpc.v1.cri\".cni]\n  bin_dir = \"/usr/lib/cni\"\n  \
-         conf_dir = \"/etc/cni/net.d\"\n{}",
-        s.sandbox_image,
-        s.restrict_oom_score_adj,
-        if from_cluster {
-            format!("  conf_template = \"/{CNI_TEMPLATE}\"\n")
-        } else {
-            String::new()
-        }
-    );
-    // containerd 1.6's CRI registry settings (the node image's containerd).
-    let mut containerd = containerd;
-    for r in &s.registries {
-        let table = format!(
-            "[plugins.\"io.containerd.grpc.v1.cri\".registry.configs.\"{}\"",
-            r.host
-        );
-        if let Some(auth) = &r.auth {
-            containerd += &format!("{table}.auth]\n  auth = \"{auth}\"\n");
-        }
-        if s.registry_ca_pem.is_some() {
-            containerd += &format!("{table}.tls]\n  ca_file = \"/{REGISTRY_CA}\"\n");
-        }
-    }
+    let containerd = containerd_toml(s, from_cluster);
     // A password in it makes it private.
     let containerd_mode = if s.registries.iter().any(|r| r.auth.is_some()) {
         0o600
     } else {
         0o644
     };
-    // containerd's template language (Go's text/template) names the node's range.
-    let subnet = if from_cluster {
-        "{{.PodCIDR}}"
-    } else {
-        s.pod_cidr
-    };
-    let cni = serde_json::json!({
-        "cniVersion": "1.0.0",
-        "name": "flexnode",
-        "plugins": [
-            {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true,
-             "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet}]],
-                      "routes": [{"dst": "0.0.0.0/0"}]}},
-            {"type": "portmap", "capabilities": {"portMappings": true}},
-        ],
-    });
+    let cni = bridge_network(s, from_cluster);
     let json = |v: &serde_json::Value| v.to_string() + "\n";
     let mut files = Vec::new();
     if let Some(pem) = s.registry_ca_pem {
@@ -286,6 +247,63 @@ pub fn machine_files(s: &KubeletSettings) -> Result<Vec<MachineFile>, KubeletSet
     }
     files.push(file(KUBELET_ENV, env, 0o644));
     Ok(files)
+}
+
+/// containerd's CRI settings: the sandbox image, the OOM-score restriction, systemd cgroups,
+/// the bridge network (or its template), the registries' credentials and CA.
+fn containerd_toml(s: &KubeletSettings, from_cluster: bool) -> String {
+    let mut toml = format!(
+        "# flexnode: containerd's CRI for the kubelet.\nversion = 2\n\n\
+         [plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"{}\"\n  \
+         restrict_oom_score_adj = {}\n\
+         [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n  \
+         runtime_type = \"io.containerd.runc.v2\"\n\
+         [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc.options]\n  \
+         SystemdCgroup = true\n\
+         [plugins.\"io.containerd.grpc.v1.cri\".cni]\n  bin_dir = \"/usr/lib/cni\"\n  \
+         conf_dir = \"/etc/cni/net.d\"\n{}",
+        s.sandbox_image,
+        s.restrict_oom_score_adj,
+        if from_cluster {
+            format!("  conf_template = \"/{CNI_TEMPLATE}\"\n")
+        } else {
+            String::new()
+        }
+    );
+    // containerd 1.6's CRI registry settings (the node image's containerd).
+    for r in &s.registries {
+        let table = format!(
+            "[plugins.\"io.containerd.grpc.v1.cri\".registry.configs.\"{}\"",
+            r.host
+        );
+        if let Some(auth) = &r.auth {
+            toml += &format!("{table}.auth]\n  auth = \"{auth}\"\n");
+        }
+        if s.registry_ca_pem.is_some() {
+            toml += &format!("{table}.tls]\n  ca_file = \"/{REGISTRY_CA}\"\n");
+        }
+    }
+    toml
+}
+
+/// The machine's bridge network, with its range (or the template's placeholder for it).
+fn bridge_network(s: &KubeletSettings, from_cluster: bool) -> serde_json::Value {
+    // containerd's template language (Go's text/template) names the node's range.
+    let subnet = if from_cluster {
+        "{{.PodCIDR}}"
+    } else {
+        s.pod_cidr
+    };
+    serde_json::json!({
+        "cniVersion": "1.0.0",
+        "name": "flexnode",
+        "plugins": [
+            {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true,
+             "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet}]],
+                      "routes": [{"dst": "0.0.0.0/0"}]}},
+            {"type": "portmap", "capabilities": {"portMappings": true}},
+        ],
+    })
 }
 
 /// Both sides share the host's network namespace, so the pod bridge the other side left
@@ -466,7 +484,7 @@ mod tests {
         }
     }
 
-    fn containerd_toml(s: &KubeletSettings) -> String {
+    fn toml_of(s: &KubeletSettings) -> String {
         let files = machine_files(s).expect("files");
         let f = files
             .iter()
@@ -478,9 +496,9 @@ mod tests {
     #[test]
     fn pods_oom_scores_are_restricted_only_where_the_host_cannot_lower_them() {
         let mut s = settings("abcdef.0123456789abcdef");
-        assert!(containerd_toml(&s).contains("  restrict_oom_score_adj = false\n"));
+        assert!(toml_of(&s).contains("  restrict_oom_score_adj = false\n"));
         s.restrict_oom_score_adj = true;
-        let toml = containerd_toml(&s);
+        let toml = toml_of(&s);
         let cri = toml
             .split("\n[")
             .find(|t| t.starts_with("plugins.\"io.containerd.grpc.v1.cri\"]"))
@@ -497,7 +515,7 @@ mod tests {
                 .iter()
                 .any(|f| f.path.ends_with("10-flexnode.conflist"))
         );
-        assert!(!containerd_toml(&s).contains("conf_template"));
+        assert!(!toml_of(&s).contains("conf_template"));
         assert!(
             !fixed
                 .iter()
@@ -532,8 +550,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            containerd_toml(&s)
-                .contains("\n  conf_template = \"/etc/containerd/flexnode-cni.template\"\n")
+            toml_of(&s).contains("\n  conf_template = \"/etc/containerd/flexnode-cni.template\"\n")
         );
         s.pod_cidr = "clusters";
         assert_eq!(
