@@ -50,6 +50,11 @@ impl Tmpfs {
     }
 
     /// Remounts it read-only (`true`) or read-write.
+    ///
+    /// A read-only remount is refused (EBUSY) while any process holds a file on it open for
+    /// writing, and a child another test thread has just forked holds a copy of every
+    /// descriptor (and shared mapping, such as SQLite's `-shm`) until its exec: so EBUSY is
+    /// retried for a while, then reported.
     pub fn read_only(&self, ro: bool) {
         let flags = MountFlags::NOSUID
             | MountFlags::NODEV
@@ -58,7 +63,17 @@ impl Tmpfs {
             } else {
                 MountFlags::empty()
             };
-        rustix::mount::mount_remount(&self.path, flags, "").expect("remount");
+        let mut tries = 0;
+        loop {
+            match rustix::mount::mount_remount(&self.path, flags, "") {
+                Ok(()) => return,
+                Err(rustix::io::Errno::BUSY) if tries < 100 => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => panic!("remount {} after {tries} tries: {e}", self.path.display()),
+            }
+        }
     }
 }
 
