@@ -363,12 +363,15 @@ async fn agent_upgrade_hands_off_in_both_install_modes() {
         machine_ref: Some("host-node".into()),
         ..upgrade(URL, SHA)
     };
+    // up-a's download takes long: the daemon is inside its step when up-b arrives, and marks
+    // it Pending then, not once the step is over (the native tier found it deaf meanwhile).
+    let staging = Duration::from_secs(15);
+    host.host.world().slow.insert("stage_archive", staging);
     sc.create("up-a", to_host()).await;
-    sc.create("up-b", to_host()).await;
     sc.wait_for("up-a", 30, |o| phase(o) == Some(OperationPhase::InProgress))
         .await;
-    // The daemon saw the second one and decided it waits: it says so (phase Pending).
-    sc.wait_for("up-b", 30, |o| phase(o) == Some(OperationPhase::Pending))
+    sc.create("up-b", to_host()).await;
+    sc.wait_for("up-b", 10, |o| phase(o) == Some(OperationPhase::Pending))
         .await;
     let a = sc.ops().get("up-a").await.expect("get");
     assert_eq!(
@@ -376,6 +379,11 @@ async fn agent_upgrade_hands_off_in_both_install_modes() {
         Some(OperationPhase::InProgress),
         "up-b waits while up-a runs"
     );
+    assert!(
+        host.host.world().restart_timers.is_empty(),
+        "up-a was already staged: Pending came after its step, not during it"
+    );
+    host.host.world().slow.remove("stage_archive");
     for op in ["up-a", "up-b"] {
         let deadline = Instant::now() + Duration::from_secs(30);
         while !host.fire_restart_timer().await {

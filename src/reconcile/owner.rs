@@ -64,7 +64,14 @@ struct Owner<S, C, H> {
     unconfirmed: bool,
     /// What systemd's STATUS says now, which `flexnode status` also hears (`live.rs`).
     live: Arc<super::live::Live>,
+    /// The watches' messages, once they run; and those that came while a step's effects ran,
+    /// handled next, in order (`feed`).
+    inbox: Option<mpsc::Receiver<Msg>>,
+    deferred: std::collections::VecDeque<Msg>,
 }
+
+/// Messages kept while a step runs; beyond it they wait in the channel.
+const DEFERRED_MAX: usize = 1024;
 
 /// Runs the daemon with `runner` until `shutdown` completes (or the task is dropped).
 pub async fn run<S, C, H>(
@@ -111,6 +118,8 @@ where
         health: Health::new(config.etc.clone()),
         counters: config.counters.clone(),
         unconfirmed: false,
+        inbox: None,
+        deferred: Default::default(),
     };
     // A step of long effects (a repave: unpack, start, the wait for the kubelet) keeps the
     // watchdog fed, and during start-up the start timeout extended, while it makes progress;
@@ -150,7 +159,8 @@ where
         .clear_shown(&state, &owner.runner.effects.publisher)
         .await;
 
-    let (tx, mut rx) = mpsc::channel(256);
+    let (tx, rx) = mpsc::channel(256);
+    owner.inbox = Some(rx);
     let name = config.node_name.as_str();
     let counters = &config.counters;
     let operations: &[(&'static str, String)] = match config.operations {
@@ -192,9 +202,15 @@ where
     let _abort = AbortOnDrop(tasks.iter().map(|t| t.abort_handle()).collect());
     let mut next_tick = Instant::now() + config.tick;
     loop {
-        let (ticked, done) = tokio::select! {
+        let (ticked, done) = if let Some(msg) = owner.deferred.pop_front() {
+            (false, owner.handle(msg).await)
+        } else {
+            let Some(inbox) = owner.inbox.as_mut() else {
+                break;
+            };
+            tokio::select! {
             () = &mut shutdown => break,
-            msg = rx.recv() => match msg {
+            msg = inbox.recv() => match msg {
                 Some(msg) => (false, owner.handle(msg).await),
                 None => break,
             },
@@ -202,6 +218,7 @@ where
                 let done = owner.tick().await;
                 liveness::notify(&[sd_notify::NotifyState::Watchdog]);
                 (true, done)
+            }
             }
         };
         // A store that cannot be written ends no daemon: the step it refused did not run,
@@ -385,6 +402,11 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
     }
 
     /// A crash (simulation only) ends the daemon like a killed process.
+    ///
+    /// A step's effects can take minutes (a download, a machine's start). Meanwhile the
+    /// watches' messages are kept for after the step, and an operation of this node that
+    /// arrives is marked `Pending` at once, told once why it waits: `kubectl get` shows that
+    /// the node has seen it, and the claim after the step finds it told.
     async fn feed(&mut self, input: Input) -> Result<Fed, DaemonError> {
         if self.runner.restart_requested() && input != Input::Tick {
             // The old daemon takes no new work while its successor is on the way; it still
@@ -394,7 +416,39 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
                 op: None,
             }));
         }
-        Ok(self.runner.feed(input).await?)
+        let busy_with = match &input {
+            Input::OperationClaimed(claim) => Some(claim.op.clone()),
+            _ => self.runner.state()?.operation().map(|(op, _)| op.clone()),
+        };
+        let labels = self.labels();
+        let publisher = self.runner.effects.publisher.clone();
+        let Some(inbox) = self.inbox.as_mut() else {
+            return Ok(self.runner.feed(input).await?);
+        };
+        let step = self.runner.feed(input);
+        tokio::pin!(step);
+        loop {
+            tokio::select! {
+                fed = &mut step => return Ok(fed?),
+                Some(msg) = inbox.recv(), if self.deferred.len() < DEFERRED_MAX => {
+                    if let Msg::Operation(op) = &msg
+                        && address::is_claimable(op)
+                        && address::addressed(op, &self.node_name, labels.as_ref())
+                        && address::claim(op, 0).is_some()
+                        && busy_with.as_ref().is_none_or(|b| op.metadata.uid.as_ref() != Some(&b.uid))
+                        && let Some(uid) = op.metadata.uid.clone()
+                        && self.told_waiting.insert(uid)
+                    {
+                        let why = match &busy_with {
+                            Some(b) => format!("waiting: busy: operation {b} runs"),
+                            None => "waiting: busy: a step runs".to_string(),
+                        };
+                        publisher.waiting(op, &why).await;
+                    }
+                    self.deferred.push_back(msg);
+                }
+            }
+        }
     }
 
     fn labels(&self) -> Option<BTreeMap<String, String>> {

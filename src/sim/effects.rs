@@ -373,6 +373,7 @@ impl Host for SimHost {
         sha256: &Sha256Hex,
         build: &AgentBuild,
     ) -> EffectResult {
+        self.pause("stage_archive").await;
         self.run("stage_archive", &url.to_string(), |w| {
             let AgentBuild::Slot { slot } = build else {
                 return Err(EffectError::Failed(
