@@ -19,7 +19,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "host"))
 
-from lab import (MSG_REBOOT_DONE, MSG_UPGRADE_DONE, Fail, Lab, SuiteBase, detail, need, op_view,  # noqa: E402
+from lab import (MSG_REBOOT_DONE, MSG_UPGRADE_DONE, QEMU, Fail, Lab, SuiteBase, detail, need, op_view,  # noqa: E402
                  run_suite, show_guest, wait_until)
 from node_checks import NodeChecks, node_context  # noqa: E402
 from security_checks import SecurityChecks  # noqa: E402
@@ -522,37 +522,37 @@ find /opt /usr/local -mindepth 1 \( -type f -o -name '*flexnode*' \) | sed 's/^/
 
 
 CHECKS = [
-    ("first-boot-joins", Suite.c_first_boot),
-    ("node-runs-a-pod", Suite.c_pod_runs),
-    ("no-agent-files-on-host", Suite.c_no_agent_files),
-    ("stop-ends-container-ignoring-sigterm", Suite.c_stop_semantics),
-    ("node-reboot", Suite.c_node_reboot),
-    ("upgrade", Suite.c_upgrade),
-    ("rollback-broken-image", Suite.c_rollback),
-    ("invalid-params-no-digest", Suite.c_invalid_no_digest),
-    ("invalid-params-digest-in-url", Suite.c_invalid_digest_in_url),
-    ("invalid-params-archive-url", Suite.c_invalid_archive_url),
-    ("invalid-params-unparsable-reference", Suite.c_invalid_reference),
-    ("upgrade-back", Suite.c_upgrade_back),
-    ("broken-image-removed", Suite.c_broken_image_removed),
-    ("power-cut-during-pull", Suite.c_power_cut_during_pull),
-    ("power-cut-after-switch", Suite.c_power_cut_after_switch),
-    ("guest-reboot", Suite.c_guest_reboot),
-    ("agent-reset-then-rejoin-explicit-image", Suite.c_agent_reset),
-    ("reset-unit-then-rejoin-registry-unreachable", Suite.c_reset_unit),
-    ("offline-rejoin-from-oci-archive", Suite.c_offline_join),
+    ("first-boot-joins", Suite.c_first_boot, QEMU),
+    ("node-runs-a-pod", Suite.c_pod_runs, QEMU),
+    ("no-agent-files-on-host", Suite.c_no_agent_files, QEMU),
+    ("stop-ends-container-ignoring-sigterm", Suite.c_stop_semantics, QEMU),
+    ("node-reboot", Suite.c_node_reboot, QEMU),
+    ("upgrade", Suite.c_upgrade, QEMU),
+    ("rollback-broken-image", Suite.c_rollback, QEMU),
+    ("invalid-params-no-digest", Suite.c_invalid_no_digest, QEMU),
+    ("invalid-params-digest-in-url", Suite.c_invalid_digest_in_url, QEMU),
+    ("invalid-params-archive-url", Suite.c_invalid_archive_url, QEMU),
+    ("invalid-params-unparsable-reference", Suite.c_invalid_reference, QEMU),
+    ("upgrade-back", Suite.c_upgrade_back, QEMU),
+    ("broken-image-removed", Suite.c_broken_image_removed, QEMU),
+    ("power-cut-during-pull", Suite.c_power_cut_during_pull, QEMU),
+    ("power-cut-after-switch", Suite.c_power_cut_after_switch, QEMU),
+    ("guest-reboot", Suite.c_guest_reboot, QEMU),
+    ("agent-reset-then-rejoin-explicit-image", Suite.c_agent_reset, QEMU),
+    ("reset-unit-then-rejoin-registry-unreachable", Suite.c_reset_unit, QEMU),
+    ("offline-rejoin-from-oci-archive", Suite.c_offline_join, QEMU),
     # the Node object outlives its kubelet: the signal works on it; the reset it makes is
     # the next check's starting point
-    ("deletion-signal-resets", Suite.c_deletion_signal),
+    ("deletion-signal-resets", Suite.c_deletion_signal, QEMU),
     # its re-join is the one with a node image since the first boot: a Node for what follows
-    ("bootstrap-impossible-setting-78-then-rejoin", Suite.c_bootstrap_78),
-    ("repave-broken-new-side-rolls-back", Suite.c_repave_rolls_back),
+    ("bootstrap-impossible-setting-78-then-rejoin", Suite.c_bootstrap_78, QEMU),
+    ("repave-broken-new-side-rolls-back", Suite.c_repave_rolls_back, QEMU),
     # the version change: the lab joins at the previous minor
-    ("repave-kube1-to-kube2", Suite.c_repave),
-    ("repave-back-without-the-bootstrap-token", Suite.c_repave_back_without_the_token),
-    ("no-secret-in-processes-units-sandboxed", Suite.c_secrets_and_sandbox),
-    ("deletion-signal-halves-change-nothing", Suite.c_deletion_signal_halves),
-    ("one-terminal-result-per-operation", Suite.c_one_result_each),
+    ("repave-kube1-to-kube2", Suite.c_repave, QEMU),
+    ("repave-back-without-the-bootstrap-token", Suite.c_repave_back_without_the_token, QEMU),
+    ("no-secret-in-processes-units-sandboxed", Suite.c_secrets_and_sandbox, QEMU),
+    ("deletion-signal-halves-change-nothing", Suite.c_deletion_signal_halves, QEMU),
+    ("one-terminal-result-per-operation", Suite.c_one_result_each, QEMU),
 ]
 
 

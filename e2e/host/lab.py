@@ -31,6 +31,12 @@ def slot_path(link):
     return os.path.normpath(os.path.join("/opt/flexnode", link))
 
 
+# Where a named check runs (the table in e2e/README.md says why for each): QEMU where it needs a
+# machine of its own (a power cut, the guest's reboot, its kernel's modules, a first boot by
+# Ignition), NATIVE where a booted container on the lab bridge shows all it asserts, BOTH where
+# a QEMU run needs it too (the join its other checks stand on, the results at the end).
+QEMU, NATIVE, BOTH = "qemu", "native", "both"
+
 MSG_UPGRADE_DONE = "AgentUpgrade completed"
 MSG_REBOOT_DONE = "NodeReboot completed"
 MSG_RESET_DONE = "AgentReset completed"
@@ -108,11 +114,15 @@ class Lab:
         self.repo = st["REPO"]
         self.cp_dir = st["CP_DIR"]
         self.qemu_run = os.path.join(self.repo, "e2e/qemu/run")
+        self.native_run = os.path.join(self.repo, "e2e/native/run")
         self.art_log = os.path.join(d, "logs/artifacts.log")
         self.ctl = os.path.join(d, "ssh-master")
         self.master = None
-        self.key = st["KEY"]
-        self.set_port(st["SSH_PORT"])
+        # A native node (e2e/native/lab) is reached through its namespaces; a QEMU guest by ssh.
+        self.native_node = st.get("NATIVE_NODE", "")
+        if not self.native_node:
+            self.key = st["KEY"]
+            self.set_port(st["SSH_PORT"])
 
     def set_port(self, port):
         self.ssh_opts = [
@@ -123,8 +133,14 @@ class Lab:
 
     def refresh_port(self):
         """After a cold boot the guest's ssh port may have moved (e2e/qemu/run retries a taken one)."""
+        self.need_qemu("a cold boot")
         self.drop_ssh()
         self.set_port(self.qemu("port", self.guest))
+
+    def need_qemu(self, what):
+        if self.native_node:
+            raise Fail("%s needs a QEMU guest, not the native node %s: run it in the QEMU tier"
+                       % (what, self.native_node))
 
     # -- guest access
     def _master_up(self):
@@ -157,7 +173,14 @@ class Lab:
             pass
 
     def ssh(self, script, timeout=120, inp=None):
-        """(rc, stdout, stderr) of a root shell script in the guest, run under `set -e`."""
+        """(rc, stdout, stderr) of a root shell script in the guest, run under `set -e`. On a
+        native node: in its namespaces, with a login's clean environment as ssh gives one."""
+        if self.native_node:
+            p = subprocess.run([self.native_run, "exec", self.native_node, "env", "-i", "HOME=/root",
+                                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                                "bash", "-c", "set -e\n" + script],
+                               input=inp, capture_output=True, text=True, timeout=timeout)
+            return p.returncode, p.stdout, p.stderr
         self._master_up()
         p = subprocess.run(["ssh", *self.ssh_opts, "-o", "ControlMaster=no", "root@127.0.0.1",
                             "set -e\n" + script],
@@ -171,6 +194,7 @@ class Lab:
         return out
 
     def qemu(self, *args, timeout=600):
+        self.need_qemu("e2e/qemu/run %s" % args[0])
         p = subprocess.run([self.qemu_run, *args], capture_output=True, text=True, timeout=timeout)
         if p.returncode != 0:
             raise Fail("e2e/qemu/run %s failed: %s" % (" ".join(args), (p.stderr or p.stdout).strip()[-600:]))
@@ -495,8 +519,13 @@ class SuiteBase:
                           "grep -v '^#' /etc/modules-load.d/flexnode.conf | tr '\\n' ' '")
         need(out.split() == ["overlay", "br_netfilter", "overlay", "br_netfilter"],
              "kernel modules: %r" % out)
-        need("kernel modules loaded by the host's modprobe" in log,
-             "the join did not log loading the modules by the host's modprobe")
+        if self.lab.native_node:
+            # A native node shares this host's kernel, which has both already: nothing to load.
+            need("kernel modules loaded by the host's modprobe" not in log,
+                 "the join ran modprobe for modules the kernel already has")
+        else:
+            need("kernel modules loaded by the host's modprobe" in log,
+                 "the join did not log loading the modules by the host's modprobe")
 
     def wait_phase(self, name, phases, timeout):
         def probe():
@@ -640,16 +669,20 @@ def show_guest(lab, script, last=50):
 
 # ------------------------------------------------------------------------------ the runner
 
-def run_suite(doc, checks, suite_cls, lab_cls, diagnose, first, skipped_first):
-    """A suite's command line (`--lab DIR [--only a,b] [--list]`) and run: each check in
-    order, `PASS name (s)` / `FAIL name (s): why` (then `diagnose(lab)`), and the summary
-    `N passed, M failed, K not run in T s`; 1 if a check failed. `skipped_first(suite)` runs
-    when `--only` leaves out the check named `first` (the one that sets the node up)."""
+def run_suite(doc, all_checks, suite_cls, lab_cls, diagnose, first, skipped_first, tier=QEMU):
+    """A suite's command line (`--lab DIR [--tier T] [--only a,b] [--list]`) and run: each
+    check placed in tier T (`all_checks`: (name, function, QEMU/NATIVE/BOTH)), in order,
+    `PASS name (s)` / `FAIL name (s): why` (then `diagnose(lab)`), and the summary `N passed,
+    M failed, K not run in T s`; 1 if a check failed. `skipped_first(suite)` runs when
+    `--only` leaves out the check named `first` (the one that sets the node up)."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lab")
-    ap.add_argument("--only", default="", help="comma-separated check names (default: all, in order)")
-    ap.add_argument("--list", action="store_true")
+    ap.add_argument("--tier", choices=sorted({w for _, _, w in all_checks if w != BOTH} | {tier}), default=tier,
+                    help="the checks placed in this tier (default %s)" % tier)
+    ap.add_argument("--only", default="", help="comma-separated check names (default: all of the tier, in order)")
+    ap.add_argument("--list", action="store_true", help="the tier's checks, one per line")
     a = ap.parse_args()
+    checks = [(n, fn) for n, fn, where in all_checks if where in (a.tier, BOTH)]
     if a.list:
         for n, _ in checks:
             print(n)
@@ -659,7 +692,7 @@ def run_suite(doc, checks, suite_cls, lab_cls, diagnose, first, skipped_first):
     only = [x for x in a.only.split(",") if x]
     unknown = set(only) - {n for n, _ in checks}
     if unknown:
-        sys.exit("suite: unknown checks: %s" % ", ".join(sorted(unknown)))
+        sys.exit("suite: not checks of the %s tier: %s" % (a.tier, ", ".join(sorted(unknown))))
     def on_term(signum, _frame):
         raise KeyboardInterrupt("signal %d" % signum)
     signal.signal(signal.SIGTERM, on_term)

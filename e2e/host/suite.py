@@ -25,8 +25,8 @@ import subprocess
 import sys
 import time
 
-from lab import (MSG_REBOOT_DONE, MSG_RESET_DONE, MSG_UPGRADE_DONE, SLOT_RE, TERMINAL, Fail,
-                 Lab, SuiteBase, detail, need, op_view, parse_time, run_suite, show_guest,
+from lab import (BOTH, MSG_REBOOT_DONE, MSG_RESET_DONE, MSG_UPGRADE_DONE, NATIVE, QEMU, SLOT_RE,
+                 TERMINAL, Fail, Lab, SuiteBase, detail, need, op_view, parse_time, run_suite, show_guest,
                  slot_path, wait_until)
 from node_checks import NodeChecks, node_context
 from security_checks import SecurityChecks
@@ -536,32 +536,32 @@ if [ -e /etc/modules-load.d/flexnode.conf ]; then echo "left: /etc/modules-load.
                     "systemctl daemon-reload", 120)
 
 CHECKS = [
-    ("join", Suite.c_join),
-    ("node-runs-a-pod", Suite.c_pod_runs),
-    ("status-daemon-stopped", Suite.c_status_daemon_stopped),
-    ("node-reboot", Suite.c_node_reboot),
-    ("upgrade", Suite.c_upgrade),
-    ("rollback-broken-candidate", Suite.c_rollback),
-    ("invalid-params-no-digest", Suite.c_invalid_no_digest),
-    ("invalid-params-wrong-digest", Suite.c_invalid_wrong_digest),
-    ("invalid-params-url-credentials", Suite.c_invalid_url_credentials),
-    ("upgrade-back", Suite.c_upgrade_back),
-    ("second-concurrent-upgrade-waits", Suite.c_concurrent),
-    ("power-cut-during-staging", Suite.c_power_cut_staging),
-    ("power-cut-after-switch", Suite.c_power_cut_after_switch),
-    ("guest-reboot", Suite.c_guest_reboot),
-    ("agent-reset", Suite.c_agent_reset),
-    ("re-join", Suite.c_rejoin),
-    ("deletion-signal-halves-change-nothing", Suite.c_deletion_signal_halves),
-    ("repave-broken-new-side-rolls-back", Suite.c_repave_rolls_back),
-    ("repave-kube1-to-kube2", Suite.c_repave),
-    ("repave-back-without-the-bootstrap-token", Suite.c_repave_back_without_the_token),
-    ("no-secret-in-processes-units-sandboxed", Suite.c_secrets_and_sandbox),
+    ("join", Suite.c_join, BOTH),
+    ("node-runs-a-pod", Suite.c_pod_runs, BOTH),
+    ("status-daemon-stopped", Suite.c_status_daemon_stopped, NATIVE),
+    ("node-reboot", Suite.c_node_reboot, NATIVE),
+    ("upgrade", Suite.c_upgrade, NATIVE),
+    ("rollback-broken-candidate", Suite.c_rollback, NATIVE),
+    ("invalid-params-no-digest", Suite.c_invalid_no_digest, NATIVE),
+    ("invalid-params-wrong-digest", Suite.c_invalid_wrong_digest, NATIVE),
+    ("invalid-params-url-credentials", Suite.c_invalid_url_credentials, NATIVE),
+    ("upgrade-back", Suite.c_upgrade_back, NATIVE),
+    ("second-concurrent-upgrade-waits", Suite.c_concurrent, NATIVE),
+    ("power-cut-during-staging", Suite.c_power_cut_staging, QEMU),
+    ("power-cut-after-switch", Suite.c_power_cut_after_switch, QEMU),
+    ("guest-reboot", Suite.c_guest_reboot, QEMU),
+    ("agent-reset", Suite.c_agent_reset, NATIVE),
+    ("re-join", Suite.c_rejoin, NATIVE),
+    ("deletion-signal-halves-change-nothing", Suite.c_deletion_signal_halves, NATIVE),
+    ("repave-broken-new-side-rolls-back", Suite.c_repave_rolls_back, NATIVE),
+    ("repave-kube1-to-kube2", Suite.c_repave, NATIVE),
+    ("repave-back-without-the-bootstrap-token", Suite.c_repave_back_without_the_token, NATIVE),
+    ("no-secret-in-processes-units-sandboxed", Suite.c_secrets_and_sandbox, NATIVE),
     # the reset it makes is the next check's starting point (whose `reset --yes` finds
     # nothing to do)
-    ("deletion-signal-resets", Suite.c_deletion_signal),
-    ("bootstrap-impossible-setting-78", Suite.c_bootstrap_78),
-    ("one-terminal-result-per-operation", Suite.c_one_result_each),
+    ("deletion-signal-resets", Suite.c_deletion_signal, NATIVE),
+    ("bootstrap-impossible-setting-78", Suite.c_bootstrap_78, NATIVE),
+    ("one-terminal-result-per-operation", Suite.c_one_result_each, BOTH),
 ]
 
 

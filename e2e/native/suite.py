@@ -22,7 +22,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "host"))
 
-from lab import (Fail, Lab, SuiteBase, detail, need, parse_time, read_state, run_suite,  # noqa: E402
+from lab import (NATIVE, Fail, Lab, SuiteBase, detail, need, parse_time, read_state, run_suite,  # noqa: E402
                  wait_until)
 
 POD_LABEL = "flexnode-native-suite"
@@ -275,13 +275,13 @@ class Suite(SuiteBase):
 
 
 CHECKS = [
-    ("three-nodes-join", Suite.c_join),
-    ("pod-ranges-from-the-cluster", Suite.c_pod_ranges),
-    ("pod-on-every-node", Suite.c_pod_on_every_node),
-    ("pod-to-pod-across-nodes", Suite.c_pod_to_pod),
-    ("rollout-reboot-in-waves-of-one", Suite.c_rollout),
-    ("repave-one-node-pods-across-after", Suite.c_repave),
-    ("one-terminal-result-per-operation", Suite.c_one_result_each),
+    ("three-nodes-join", Suite.c_join, NATIVE),
+    ("pod-ranges-from-the-cluster", Suite.c_pod_ranges, NATIVE),
+    ("pod-on-every-node", Suite.c_pod_on_every_node, NATIVE),
+    ("pod-to-pod-across-nodes", Suite.c_pod_to_pod, NATIVE),
+    ("rollout-reboot-in-waves-of-one", Suite.c_rollout, NATIVE),
+    ("repave-one-node-pods-across-after", Suite.c_repave, NATIVE),
+    ("one-terminal-result-per-operation", Suite.c_one_result_each, NATIVE),
 ]
 
 
@@ -299,7 +299,8 @@ def diagnose(lab):
 
 
 def main():
-    return run_suite(__doc__, CHECKS, Suite, NativeLab, diagnose, "three-nodes-join", lambda suite: None)
+    return run_suite(__doc__, CHECKS, Suite, NativeLab, diagnose, "three-nodes-join", lambda suite: None,
+                     tier=NATIVE)
 
 
 if __name__ == "__main__":

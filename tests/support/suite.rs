@@ -1,5 +1,6 @@
-//! Runs a lab's named-check suite (`e2e/run host`, `e2e/container/run suite`) and holds it to
-//! its own list: the test passes only when every check the suite defines (`--list`) printed
+//! Runs a lab's named-check suite (`e2e/run host`, `e2e/container/run suite`, …) and holds it
+//! to its own list: the test passes only when every check the suite places in the lab's tier
+//! (`--list --tier`) printed
 //! `PASS`, the summary says so, and the script exited 0. An inherited `SUITE_ARGS` is removed,
 //! so nothing can shrink the suite. The output is streamed as it comes, each line prefixed
 //! with the suite's tag: the two install suites run side by side (`tests/labs/install_suites.rs`).
@@ -30,14 +31,14 @@ fn forward(
     })
 }
 
-/// The checks the suite defines, in order.
-fn defined_checks(repo: &Path, suite: &str, at_least: usize) -> Vec<String> {
+/// The checks the suite places in `tier`, in order.
+fn defined_checks(repo: &Path, suite: &str, tier: &str, at_least: usize) -> Vec<String> {
     let out = Command::new("python3")
         .arg(repo.join(suite))
-        .arg("--list")
+        .args(["--list", "--tier", tier])
         .output()
         .expect("run suite.py --list");
-    assert!(out.status.success(), "suite.py --list failed");
+    assert!(out.status.success(), "{suite} --list --tier {tier} failed");
     let names: Vec<String> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(str::to_string)
@@ -52,10 +53,17 @@ fn check_name<'a>(line: &'a str, prefix: &str) -> Option<&'a str> {
 }
 
 /// Runs `script` (relative to the repository) with `args`; `suite` is the suite it runs,
-/// which must define at least `at_least` checks; `tag` prefixes its output lines.
-pub fn passes(tag: &'static str, script: &str, args: &[&str], suite: &str, at_least: usize) {
+/// which must place at least `at_least` checks in `tier` (e2e/host/lab.py: qemu or native);
+/// `tag` prefixes its output lines.
+pub fn passes(
+    tag: &'static str,
+    script: &str,
+    args: &[&str],
+    (suite, tier): (&str, &str),
+    at_least: usize,
+) {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let want = defined_checks(repo, suite, at_least);
+    let want = defined_checks(repo, suite, tier, at_least);
     let t = Instant::now();
     let mut child = Command::new(repo.join(script))
         .args(args)
