@@ -75,6 +75,18 @@ debian_mirror() {
 
 # ------------------------------------------------------------------------- the flexnode binary
 
+# native_lock: waits until no other native lab runs (the labs' address on the bridge,
+# 10.0.2.100, and the node names are one per machine), then holds the lock on fd 9 until
+# the calling script exits.
+native_lock() {
+  mkdir -p "$FLEXNODE_CACHE/native"
+  exec 9> "$FLEXNODE_CACHE/native/lab.lock"
+  if ! flock -n 9; then
+    log "another native lab is running: waiting for it"
+    flock 9
+  fi
+}
+
 flexnode_bin() { # prints the path of the (host) flexnode binary, building it if needed
   if [[ -n ${FLEXNODE_BIN:-} ]]; then
     [[ -x $FLEXNODE_BIN ]] || die "FLEXNODE_BIN=$FLEXNODE_BIN is not an executable"

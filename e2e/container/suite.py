@@ -19,7 +19,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "host"))
 
-from lab import (MSG_REBOOT_DONE, MSG_UPGRADE_DONE, QEMU, Fail, Lab, SuiteBase, detail, need, op_view,  # noqa: E402
+from lab import (BOTH, MSG_REBOOT_DONE, MSG_UPGRADE_DONE, NATIVE, QEMU, Fail, Lab, SuiteBase, detail, need, op_view,  # noqa: E402
                  run_suite, show_guest, wait_until)
 from node_checks import NodeChecks, node_context  # noqa: E402
 from security_checks import SecurityChecks  # noqa: E402
@@ -100,8 +100,8 @@ echo "boot_id=$(cat /proc/sys/kernel/random/boot_id)"
         ign = subprocess.run([os.path.join(self.repo, "e2e/ignition/build"), "ignition"],
                              capture_output=True, text=True, timeout=900)
         need(ign.returncode == 0, "e2e/ignition/build ignition: %s" % ign.stderr.strip()[-300:])
-        self.qemu("push", self.guest, ign.stdout.strip(), "/root/ignition")
-        self.qemu("push", self.guest, os.path.join(out, "config.ign"), "/root/config.ign")
+        self.push(ign.stdout.strip(), "/root/ignition")
+        self.push(os.path.join(out, "config.ign"), "/root/config.ign")
         self.sh("""chmod 600 /root/config.ign; mkdir -p /run/ignition; rm -f /run/ignition.json
 for stage in fetch-offline files; do
   IGNITION_CONFIG_FILE=/root/config.ign /root/ignition -platform file -stage $stage -root / -log-to-stdout \
@@ -128,7 +128,10 @@ class Suite(SuiteBase, NodeChecks, SecurityChecks):
         return wait_until("flexnode-agent active with its container running", up, timeout, 5)
 
     def version(self):
-        return self.lab.agent_cli("version").strip()
+        # `ctr tasks exec` can lose a short process's output to its IO setup (seen on a native
+        # node right after the agent's container started): asked again until it answers.
+        return wait_until("the agent's container to answer `version`",
+                          lambda: self.lab.agent_cli("version").strip() or None, 30, 1)
 
     def upgrade(self, name, which, tag=None):
         lab = self.lab
@@ -226,7 +229,18 @@ if [ -e /etc/modules-load.d/flexnode.conf ]; then echo "left: /etc/modules-load.
         image by its local name, in a container inside its unit's cgroup; the bootstrap
         inputs are gone; /usr is read-only; swap is off for good; the kernel modules the
         machines need were loaded by the host's modprobe through host-exec."""
-        f = self.wait_agent(900)
+        self.first_join(self.wait_agent(900))
+        self.swap_off()
+
+    def c_provisioned_joins(self):
+        """A native node has no first boot of its own: the rendered Ignition config applied
+        to the running node (`provision()`, as for every re-join) starts the bootstrap unit;
+        then what `first-boot-joins` asserts but swap (the node has none of its own) — its
+        kernel's modules are this host's, present already: none loaded, none logged."""
+        self.lab.provision()
+        self.first_join(self.wait_agent(900))
+
+    def first_join(self, f):
         lab = self.lab
         need(f.get("bootstrap.Result") == "success" and f.get("bootstrap.ExecMainStatus") == "0",
              "bootstrap unit: %s/%s status %s" % (f.get("bootstrap.ActiveState"), f.get("bootstrap.Result"),
@@ -241,7 +255,6 @@ if [ -e /etc/modules-load.d/flexnode.conf ]; then echo "left: /etc/modules-load.
                      "findmnt -no OPTIONS /usr; if touch /usr/.flexnode-probe 2>/dev/null; then echo writable; fi")
         need("gone" in out, "the bootstrap inputs are still in /etc/flexnode/bootstrap")
         need(out.splitlines()[1].startswith("ro") and "writable" not in out, "/usr is not read-only: %r" % out)
-        self.swap_off()
         # The join ran in a container: the host's modprobe ran by host-exec (chroot /host).
         self.kernel_modules(lab.sh("journalctl -o cat -u flexnode-bootstrap"))
         st = lab.status_json()
@@ -259,12 +272,14 @@ if [ -e /etc/modules-load.d/flexnode.conf ]; then echo "left: /etc/modules-load.
         out = lab.sh(r"""
 agent=$(sha256sum /proc/%s/exe | cut -d' ' -f1)
 echo "agent=$agent"
-find / -xdev \( -path /proc -o -path /sys -o -path /run -o -path /etc/flexnode -o -path /var/lib/flexnode \
+# the root's filesystem, and /usr and /root where they are others (a native node's binds)
+roots=/; for d in /usr /root; do [ "$(stat -c %%d $d)" = "$(stat -c %%d /)" ] || roots="$roots $d"; done
+find $roots -xdev \( -path /proc -o -path /sys -o -path /run -o -path /etc/flexnode -o -path /var/lib/flexnode \
   -o -path /var/lib/containerd -o -path /var/lib/machines -o -path /var/log/journal \) -prune \
   -o -name '*flexnode*' -print \
   | grep -v -E '^(/etc/systemd/system/([a-z.-]+\.wants/)?flexnode-[a-z-]+\.service|/etc/modules-load\.d/flexnode\.conf|/etc/systemd/system/systemd-nspawn@kube[12]\.service\.d/flexnode\.conf|/(var/)?tmp/systemd-private-[0-9a-f]+-flexnode-[a-z-]+\.service-[A-Za-z0-9]+)$' \
   | sed 's/^/named=/' || true
-find / -xdev \( -path /proc -o -path /sys -o -path /run -o -path /var/lib/containerd \) -prune \
+find $roots -xdev \( -path /proc -o -path /sys -o -path /run -o -path /var/lib/containerd \) -prune \
   -o -type f -size +4M -print0 | xargs -0 -r sha256sum | awk -v a="$agent" '$1 == a { print "copy=" $2 }'
 find /opt /usr/local -mindepth 1 \( -type f -o -name '*flexnode*' \) | sed 's/^/optlocal=/'
 """ % pid, 600)
@@ -478,7 +493,7 @@ find /opt /usr/local -mindepth 1 \( -type f -o -name '*flexnode*' \) | sed 's/^/
                    "! %s images ls -q | grep -F %s" % (CTR, base, CTR, CTR, base), 120)
             archive = "/var/lib/flexnode-offline/agent.oci.tar"
             lab.sh("mkdir -p /var/lib/flexnode-offline")
-            lab.qemu("push", lab.guest, os.path.join(lab.dir, "images/base.oci.tar"), archive)
+            lab.push(os.path.join(lab.dir, "images/base.oci.tar"), archive)
             lab.provision(kubelet=False, agentImageArchive=archive)
             self.rejoined("base")
             names = lab.sh("%s images ls -q" % CTR)
@@ -523,36 +538,37 @@ find /opt /usr/local -mindepth 1 \( -type f -o -name '*flexnode*' \) | sed 's/^/
 
 CHECKS = [
     ("first-boot-joins", Suite.c_first_boot, QEMU),
-    ("node-runs-a-pod", Suite.c_pod_runs, QEMU),
-    ("no-agent-files-on-host", Suite.c_no_agent_files, QEMU),
-    ("stop-ends-container-ignoring-sigterm", Suite.c_stop_semantics, QEMU),
-    ("node-reboot", Suite.c_node_reboot, QEMU),
-    ("upgrade", Suite.c_upgrade, QEMU),
-    ("rollback-broken-image", Suite.c_rollback, QEMU),
-    ("invalid-params-no-digest", Suite.c_invalid_no_digest, QEMU),
-    ("invalid-params-digest-in-url", Suite.c_invalid_digest_in_url, QEMU),
-    ("invalid-params-archive-url", Suite.c_invalid_archive_url, QEMU),
-    ("invalid-params-unparsable-reference", Suite.c_invalid_reference, QEMU),
-    ("upgrade-back", Suite.c_upgrade_back, QEMU),
-    ("broken-image-removed", Suite.c_broken_image_removed, QEMU),
+    ("provisioned-by-ignition-joins", Suite.c_provisioned_joins, NATIVE),
+    ("node-runs-a-pod", Suite.c_pod_runs, BOTH),
+    ("no-agent-files-on-host", Suite.c_no_agent_files, NATIVE),
+    ("stop-ends-container-ignoring-sigterm", Suite.c_stop_semantics, NATIVE),
+    ("node-reboot", Suite.c_node_reboot, NATIVE),
+    ("upgrade", Suite.c_upgrade, NATIVE),
+    ("rollback-broken-image", Suite.c_rollback, NATIVE),
+    ("invalid-params-no-digest", Suite.c_invalid_no_digest, NATIVE),
+    ("invalid-params-digest-in-url", Suite.c_invalid_digest_in_url, NATIVE),
+    ("invalid-params-archive-url", Suite.c_invalid_archive_url, NATIVE),
+    ("invalid-params-unparsable-reference", Suite.c_invalid_reference, NATIVE),
+    ("upgrade-back", Suite.c_upgrade_back, NATIVE),
+    ("broken-image-removed", Suite.c_broken_image_removed, NATIVE),
     ("power-cut-during-pull", Suite.c_power_cut_during_pull, QEMU),
     ("power-cut-after-switch", Suite.c_power_cut_after_switch, QEMU),
     ("guest-reboot", Suite.c_guest_reboot, QEMU),
-    ("agent-reset-then-rejoin-explicit-image", Suite.c_agent_reset, QEMU),
-    ("reset-unit-then-rejoin-registry-unreachable", Suite.c_reset_unit, QEMU),
-    ("offline-rejoin-from-oci-archive", Suite.c_offline_join, QEMU),
+    ("agent-reset-then-rejoin-explicit-image", Suite.c_agent_reset, NATIVE),
+    ("reset-unit-then-rejoin-registry-unreachable", Suite.c_reset_unit, NATIVE),
+    ("offline-rejoin-from-oci-archive", Suite.c_offline_join, NATIVE),
     # the Node object outlives its kubelet: the signal works on it; the reset it makes is
     # the next check's starting point
-    ("deletion-signal-resets", Suite.c_deletion_signal, QEMU),
+    ("deletion-signal-resets", Suite.c_deletion_signal, NATIVE),
     # its re-join is the one with a node image since the first boot: a Node for what follows
-    ("bootstrap-impossible-setting-78-then-rejoin", Suite.c_bootstrap_78, QEMU),
-    ("repave-broken-new-side-rolls-back", Suite.c_repave_rolls_back, QEMU),
+    ("bootstrap-impossible-setting-78-then-rejoin", Suite.c_bootstrap_78, NATIVE),
+    ("repave-broken-new-side-rolls-back", Suite.c_repave_rolls_back, NATIVE),
     # the version change: the lab joins at the previous minor
-    ("repave-kube1-to-kube2", Suite.c_repave, QEMU),
-    ("repave-back-without-the-bootstrap-token", Suite.c_repave_back_without_the_token, QEMU),
-    ("no-secret-in-processes-units-sandboxed", Suite.c_secrets_and_sandbox, QEMU),
-    ("deletion-signal-halves-change-nothing", Suite.c_deletion_signal_halves, QEMU),
-    ("one-terminal-result-per-operation", Suite.c_one_result_each, QEMU),
+    ("repave-kube1-to-kube2", Suite.c_repave, NATIVE),
+    ("repave-back-without-the-bootstrap-token", Suite.c_repave_back_without_the_token, NATIVE),
+    ("no-secret-in-processes-units-sandboxed", Suite.c_secrets_and_sandbox, NATIVE),
+    ("deletion-signal-halves-change-nothing", Suite.c_deletion_signal_halves, NATIVE),
+    ("one-terminal-result-per-operation", Suite.c_one_result_each, BOTH),
 ]
 
 

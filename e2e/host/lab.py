@@ -193,6 +193,17 @@ class Lab:
             raise Fail("guest command failed (rc %d): %s: %s" % (rc, script[:120], (err or out).strip()[-400:]))
         return out
 
+    def push(self, src, dst):
+        """Copies the host's file SRC to DST in the guest, with its mode."""
+        if not self.native_node:
+            self.qemu("push", self.guest, src, dst)
+            return
+        with open(src, "rb") as fh:
+            p = subprocess.run([self.native_run, "exec", self.native_node, "sh", "-c",
+                                'cat > "$1" && chmod %o "$1"' % (os.stat(src).st_mode & 0o7777), "sh", dst],
+                               stdin=fh, capture_output=True, timeout=600)
+        need(p.returncode == 0, "copying %s to %s on %s: %s" % (src, dst, self.native_node, p.stderr.decode(errors="replace")[-300:]))
+
     def qemu(self, *args, timeout=600):
         self.need_qemu("e2e/qemu/run %s" % args[0])
         p = subprocess.run([self.qemu_run, *args], capture_output=True, text=True, timeout=timeout)

@@ -14,7 +14,9 @@
 //!   then the multi-node checks of `e2e/native/suite.py`.
 //! - native host: `e2e/native/lab host-suite` — one native node, and the host suite's checks
 //!   that need no machine of their own (`--tier native`); the QEMU host lab keeps the rest.
-//!   The two native labs take turns (one lab address per machine).
+//! - native container: `e2e/container/run native-suite` — the container lab with a native node
+//!   (`/usr` a read-only bind) for the QEMU guest, and the container suite's checks that need
+//!   no machine of their own. The native labs take turns (one lab address per machine).
 
 use crate::support::suite::passes;
 use crate::support::tier::{Tier, require};
@@ -51,7 +53,18 @@ pub fn container_install_suite_passes_in_a_fresh_qemu_lab() {
         "e2e/container/run",
         &["suite"],
         ("e2e/container/suite.py", "qemu"),
-        27,
+        6,
+    );
+}
+
+pub fn container_install_suite_passes_on_a_native_node() {
+    require(Tier::NativeSuite);
+    passes(
+        "native-container",
+        "e2e/container/run",
+        &["native-suite"],
+        ("e2e/container/suite.py", "native"),
+        24,
     );
 }
 

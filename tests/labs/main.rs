@@ -71,6 +71,12 @@ fn main() -> ExitCode {
             install_suites::host_install_suite_passes_in_a_fresh_qemu_lab,
         ),
         trial(
+            "install_suites::container_install_suite_passes_on_a_native_node",
+            cfg!(flexnode_skip = "native-suite")
+                .then_some("SKIPPED native-suite: FLEXNODE_SKIP_NATIVE_SUITE=1"),
+            install_suites::container_install_suite_passes_on_a_native_node,
+        ),
+        trial(
             "install_suites::host_install_suite_passes_on_a_native_node",
             cfg!(flexnode_skip = "native-suite")
                 .then_some("SKIPPED native-suite: FLEXNODE_SKIP_NATIVE_SUITE=1"),
