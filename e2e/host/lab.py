@@ -596,6 +596,15 @@ class SuiteBase:
         self.lab.refresh_port()
         detail("guest back (ssh) after %.0f s" % (time.time() - t))
 
+    def in_flight_at_cut(self, name):
+        """The power cut hit `name` in flight: the daemon of the boot after it carried on the
+        operation's transitions, so the cut came before its result (a result published
+        before the cut would leave this boot nothing to do for it)."""
+        j = self.lab.journal("-b -u flexnode-agent -o cat", 300)
+        moved = [l for l in j.splitlines() if "transition from=" in l and "op=%s " % name in l]
+        need(moved, "no transition of %s since the boot after the cut: it had finished before the cut" % name)
+        detail("in flight at the cut: %s" % moved[0].split("transition ", 1)[1][:160])
+
     def c_one_result_each(self):
         """Over the whole run: every operation has exactly one terminal result in the watch
         (which never lost events: every resume continued from its last resourceVersion) and

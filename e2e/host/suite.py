@@ -340,6 +340,7 @@ class Suite(SuiteBase, NodeChecks, SecurityChecks):
         v = self.terminal(name, 900)
         need(v[:3] == ("Complete", "Succeeded", MSG_UPGRADE_DONE),
              "after the cut %s ended %s/%s (%r), expected Complete/Succeeded" % (name, v[0], v[1], v[2]))
+        self.in_flight_at_cut(name)
         f = lab.wait_agent(300)
         cur = slot_path(f.get("link.current", ""))
         self.slot_ok(cur)

@@ -18,6 +18,9 @@ pub struct UnitSnapshot {
     pub enabled: bool,
     pub active: bool,
     pub failed: bool,
+    /// Its file changed since the last daemon-reload.
+    pub stale: bool,
+    pub masked: bool,
 }
 
 /// The simulated host and API server as a whole, without times (see [`SimHost::snapshot`]).
@@ -32,6 +35,11 @@ pub struct HostSnapshot {
     pub current: Option<AgentBuild>,
     pub last_good: Option<AgentBuild>,
     pub runtime_files: bool,
+    /// flexnode's drop-ins by unit, swap in the fstab, the kernel modules, others' images.
+    pub drop_ins: BTreeMap<String, String>,
+    pub fstab_swap: bool,
+    pub kernel_modules: bool,
+    pub foreign_images: std::collections::BTreeSet<String>,
     pub pending_restart_timers: usize,
     pub agent_restarts: u32,
     /// The first published result of each operation UID: reason and message.
@@ -262,6 +270,8 @@ impl SimHost {
                         enabled: u.enabled,
                         active: u.active,
                         failed: u.failed,
+                        stale: u.stale,
+                        masked: u.masked,
                     };
                     (name.clone(), state)
                 })
@@ -279,6 +289,10 @@ impl SimHost {
             current: w.current.clone(),
             last_good: w.last_good.clone(),
             runtime_files: w.runtime_files,
+            drop_ins: w.drop_ins.clone(),
+            fstab_swap: w.fstab_swap,
+            kernel_modules: w.kernel_modules,
+            foreign_images: w.foreign_images.clone(),
             pending_restart_timers: w.restart_timers.iter().filter(|t| !t.fired).count(),
             agent_restarts: w.agent_restarts,
             results,

@@ -7,7 +7,7 @@
 //! `FLEXNODE_APISERVER_AWAY_SECS` sets the outage (300 s, what CI runs).
 
 use crate::support::Lab;
-use crate::support::account::{host_store_account, store_account};
+use crate::support::account::{host_store_account, journaled_at, store_account};
 use crate::support::agent::{Agent, admin, apply_rbac, create_node_and_machine};
 use crate::support::artifacts::{Served, pack};
 use crate::support::history::{History, Seen, events, status_writes};
@@ -312,8 +312,10 @@ pub async fn the_api_server_away_for_minutes_in_the_middle_of_three_operations()
         ("upgrade-away", "AgentUpgrade completed", "away-upgrade", 2),
         ("reboot-away", "NodeReboot completed", "away-reboot", 2),
         ("reset-away", "AgentReset completed", "away-reset", 2),
-        // Claimed once the API server was back, not failed by its absence.
-        ("reboot-after", "NodeReboot completed", "away-reboot", 2),
+        // Marked Pending at once (it arrived while the first reboot's step ran, before the
+        // outage: src/reconcile/owner.rs `feed`), then claimed once the API server was back,
+        // not failed by its absence.
+        ("reboot-after", "NodeReboot completed", "away-reboot", 3),
     ];
     for (name, message, node, writes) in want {
         let result = history.one_result(name);
@@ -349,10 +351,18 @@ pub async fn the_api_server_away_for_minutes_in_the_middle_of_three_operations()
             .count();
         assert_eq!(others, 0, "{name}'s Events: {ev:?}");
     }
-    let after = status_writes(&lab, "reboot-after");
+    // Claimed (journaled by its store) once the API server was back, not from the watch's
+    // cache while it was away: its first status write could only come after `back` anyway.
+    let claimed = journaled_at(&rebooter.store, "OperationClaimed(NodeReboot reboot-after")
+        .expect("reboot-after's claim in the store");
+    let back_ms = back
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .expect("after the epoch")
+        .as_millis() as i64;
     assert!(
-        ms_between(back, after[0].at) >= 0,
-        "reboot-after was claimed while the API server was away: {after:?}"
+        claimed >= back_ms,
+        "reboot-after was claimed {} ms before the API server was back",
+        back_ms - claimed
     );
 
     // Nothing disruptive ran twice.

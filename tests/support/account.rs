@@ -43,6 +43,18 @@ pub fn store_account(path: &Path) -> StoreAccount {
     }
 }
 
+/// When a simulated node's store journaled the first step whose input names `what`
+/// (e.g. `OperationClaimed(NodeReboot r1)`), in unix milliseconds of the daemon's clock.
+pub fn journaled_at(path: &Path, what: &str) -> Option<i64> {
+    StoreReader::open(path)
+        .expect("open the store")
+        .journal(i64::MAX)
+        .expect("the journal")
+        .into_iter()
+        .find(|e| e.input.contains(what))
+        .map(|e| e.at.millis())
+}
+
 /// The real host's store, through its own `flexnode history` and `status` (its one result
 /// is the last one).
 pub fn host_store_account(host: &HostNode) -> StoreAccount {
