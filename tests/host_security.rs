@@ -81,7 +81,8 @@ async fn a_host_install_keeps_its_secrets_modes_and_sandbox() {
         )],
     );
     // The node's key as the join installed it.
-    let key = private_key_excerpt(&node.container.root().join("etc/flexnode/kubeconfig"));
+    let (key_stored, key_pem) =
+        private_key_excerpts(&node.container.root().join("etc/flexnode/kubeconfig"));
     let sampler = Sampler::start(&node);
 
     // 1. The recording candidate, from a URL whose query carries the token.
@@ -123,7 +124,11 @@ async fn a_host_install_keeps_its_secrets_modes_and_sandbox() {
         ("the URL's query token", token.as_str()),
         ("the URL's password", password.as_str()),
         ("the registry password", registry_password.as_str()),
-        ("the node's private key", key.as_str()),
+        (
+            "the node's private key (base64 as stored)",
+            key_stored.as_str(),
+        ),
+        ("the node's private key (its PEM)", key_pem.as_str()),
     ];
 
     // The candidate check, as the candidate saw it: no shell, only PATH, the sandbox's
@@ -283,8 +288,11 @@ fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", hex::encode(bytes))
 }
 
-/// 40 characters from the middle of the kubeconfig's client key (base64 as it is stored).
-fn private_key_excerpt(kubeconfig: &Path) -> String {
+/// 40 characters from the middle of the kubeconfig's client key as it is stored (base64 of
+/// the PEM), and 40 from the middle of the PEM's body: a key leaked as PEM contains only the
+/// second.
+fn private_key_excerpts(kubeconfig: &Path) -> (String, String) {
+    use base64::Engine as _;
     let text = std::fs::read_to_string(kubeconfig).expect("the node's kubeconfig");
     let data = text
         .lines()
@@ -292,7 +300,16 @@ fn private_key_excerpt(kubeconfig: &Path) -> String {
         .expect("a client-key-data in the node's kubeconfig")
         .trim();
     assert!(data.len() > 200, "a short key: {}", data.len());
-    data[100..140].to_string()
+    let pem = base64::engine::general_purpose::STANDARD
+        .decode(data)
+        .expect("client-key-data is base64");
+    let body: String = String::from_utf8(pem)
+        .expect("a PEM")
+        .lines()
+        .filter(|l| !l.starts_with("-----"))
+        .collect();
+    assert!(body.len() > 140, "a short PEM body: {}", body.len());
+    (data[100..140].to_string(), body[100..140].to_string())
 }
 
 async fn create_upgrade(client: &Client, node: &str, name: &str, url: &str, sha: &str) -> String {

@@ -292,9 +292,9 @@ if [ "$pid" != 0 ]; then echo "agent.exe=$(readlink /proc/$pid/exe 2>/dev/null |
             raise Fail("kubectl get machineoperation %s: %s" % (name, err.strip()))
         return json.loads(out)
 
-    def op_create(self, kind, name, url=None, sha=None):
+    def op_create(self, kind, name, url=None, sha=None, node=None):
         args = [self.flexnode, "op", "--kubeconfig", self.kubeconfig, "create", kind,
-                "--node", self.node, "--name", name]
+                "--node", node or self.node, "--name", name]
         if url:
             args += ["--url", url, "--sha256", sha]
         p = subprocess.run(args, capture_output=True, text=True, timeout=60)

@@ -5,6 +5,7 @@ process of the guest, and the agent's units as sandboxed as recorded. A mixin of
 may list more secrets in `planted_secrets()`. Python 3 stdlib only.
 """
 
+import base64
 import os
 import re
 
@@ -47,13 +48,17 @@ def capability_mask(repo, mode):
     return mask
 
 
-def excerpt(path, key):
-    """40 characters from the middle of the value of `key:` in the file at `path`."""
+def excerpts(path, key):
+    """40 characters from the middle of the value of `key:` in the file at `path` (base64 of
+    a PEM), and 40 from the middle of that PEM's body: a key leaked as PEM holds only the
+    second."""
     with open(path) as fh:
         for line in fh:
             k, _, v = line.strip().partition(":")
             if k == key and len(v.strip()) > 200:
-                return v.strip()[100:140]
+                pem = base64.b64decode(v.strip()).decode()
+                body = "".join(l for l in pem.splitlines() if not l.startswith("-----"))
+                return [v.strip()[100:140], body[100:140]]
     raise AssertionError("no %s in %s" % (key, path))
 
 
@@ -66,7 +71,8 @@ class SecurityChecks:
 
     def lab_secrets(self):
         d = self.lab.dir
-        out = [("the node's private key", excerpt(os.path.join(d, "node.kubeconfig"), "client-key-data"))]
+        stored, pem = excerpts(os.path.join(d, "node.kubeconfig"), "client-key-data")
+        out = [("the node's private key (base64 as stored)", stored), ("the node's private key (its PEM)", pem)]
         for what, name in (("the registry password", "registry.password"), ("the bootstrap token", "bootstrap-token")):
             with open(os.path.join(d, name)) as fh:
                 s = fh.read().strip()

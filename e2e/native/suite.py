@@ -54,6 +54,7 @@ class NativeLab:
     kubectl = Lab.kubectl
     get_op = Lab.get_op
     events_for = Lab.events_for
+    op_create = Lab.op_create   # with node=: there is no one node
 
     def kube_json(self, *args):
         rc, out, err = self.kubectl(*args, "-o", "json")
@@ -213,6 +214,50 @@ class Suite(SuiteBase):
         detail("%d pod-to-pod fetches after the reboots" % self.across())
 
 
+    def c_two_upgrades(self):
+        """node-1 and node-3 upgraded at once (throttled downloads, so both run together):
+        each Complete on the next build, and — by the API server's audit log — every
+        operation write of each agent (status, metadata) is to an operation of its own node,
+        and each of the two operations was written by its own node's agent only."""
+        lab = self.lab
+        pair = ("node-1", "node-3")
+        names = {n: "native-suite-upgrade-" + n for n in pair}
+        url = "http://10.0.2.100:8080/slow/flexnode-good.tar.gz"
+        for n in pair:
+            self.create("upgrade", names[n], node=n, url=url, sha=lab.st["SHA_GOOD"])
+        runs = {}
+        for n in pair:
+            v = self.expect(names[n], "Complete", "Succeeded", 300)
+            runs[n] = (parse_time(v[4]), parse_time(v[3]))
+            ver = lab.node_sh(n, "/opt/flexnode/current/flexnode version").strip()
+            need(ver == "flexnode " + lab.st["VERSION_NEXT"], "%s runs %r after its upgrade" % (n, ver))
+        a, b = runs[pair[0]], runs[pair[1]]
+        need(a[0] < b[1] and b[0] < a[1], "the two upgrades did not overlap: %s" % runs)
+        machine_ref = {}
+        writers = {names[n]: set() for n in pair}
+        seen = 0
+        with open(os.path.join(lab.cp_dir, "logs/audit.log")) as fh:
+            for line in fh:
+                e = json.loads(line)
+                ref = e.get("objectRef") or {}
+                code = (e.get("responseStatus") or {}).get("code", 0)
+                if (e.get("stage") != "ResponseComplete" or e.get("verb") not in ("update", "patch")
+                        or ref.get("resource") != "machineoperations" or not 200 <= code < 300):
+                    continue
+                user = e["user"]["username"]
+                need(user.startswith("system:flexnode:"), "an operation written by %s" % user)
+                op = ref["name"]
+                if op not in machine_ref:
+                    machine_ref[op] = ((lab.get_op(op) or {}).get("spec") or {}).get("machineRef")
+                need(user == "system:flexnode:%s" % machine_ref[op],
+                     "%s wrote %s, an operation of %s" % (user, op, machine_ref[op]))
+                writers.get(op, set()).add(user)
+                seen += 1
+        for n in pair:
+            need(writers[names[n]] == {"system:flexnode:" + n}, "%s was written by %s" % (names[n], writers[names[n]]))
+        detail("overlapping %.1f s; %d operation writes in the audit log, each by its own node's agent"
+               % (min(a[1], b[1]) - max(a[0], b[0]), seen))
+
     def c_repave(self):
         """node-2's Machine goes to the control plane's version and its Node is deleted: the
         agent repaves it to kube2 from that version's node image. The new Node is Ready at the
@@ -281,6 +326,7 @@ CHECKS = [
     ("pod-to-pod-across-nodes", Suite.c_pod_to_pod, NATIVE),
     ("rollout-reboot-in-waves-of-one", Suite.c_rollout, NATIVE),
     ("repave-one-node-pods-across-after", Suite.c_repave, NATIVE),
+    ("two-nodes-upgraded-at-once-each-its-own", Suite.c_two_upgrades, NATIVE),
     ("one-terminal-result-per-operation", Suite.c_one_result_each, NATIVE),
 ]
 

@@ -24,6 +24,8 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+mod claims;
+
 /// The tick of a daemon with nothing waiting on time (each tick costs store reads): it
 /// still feeds the watchdog (`WatchdogSec=300s`) and retries what failed quietly.
 const IDLE_TICK: Duration = Duration::from_secs(60);
@@ -344,16 +346,6 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
         }
     }
 
-    /// This node's operations that wait to be claimed.
-    fn waiting<'a>(
-        &'a self,
-        labels: Option<&'a BTreeMap<String, String>>,
-    ) -> impl Iterator<Item = &'a MachineOperation> {
-        self.ops.values().filter(move |op| {
-            address::is_claimable(op) && address::addressed(op, &self.node_name, labels)
-        })
-    }
-
     /// The Machine asks for a generation the node has not applied.
     fn goal_changed(&self, state: &NodeState) -> bool {
         let applied = state.node().map(|n| n.applied.generation);
@@ -464,126 +456,6 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
             Some(Some(m)) => m.metadata.generation.unwrap_or(0),
             _ => 0,
         }
-    }
-
-    /// Claims this node's waiting operations, oldest first; a busy node keeps them waiting.
-    /// Not before the Machine's watch has reported once (an absent Machine counts): every
-    /// claim carries its generation (`observedMachineGeneration`), which a claim made earlier
-    /// would report as none.
-    ///
-    /// While a watch is interrupted (the API server away) nothing is claimed: a claim's first
-    /// effect writes `InProgress`, and an outage would fail the operation instead of leaving
-    /// it for later. Nor until each interrupted operation watch's next list has been handled
-    /// (`stale`, in message order): before it, an operation deleted meanwhile (an etcd that
-    /// lost its data) may still look like one waiting.
-    async fn claim_waiting(&mut self) -> Result<(), DaemonError> {
-        if self.machine.is_none() || !self.counters.connected() || !self.stale.is_empty() {
-            return Ok(());
-        }
-        let labels = self.labels();
-        let mut waiting: Vec<MachineOperation> = self.waiting(labels.as_ref()).cloned().collect();
-        waiting.sort_by(|a, b| {
-            (
-                a.metadata.creation_timestamp.as_ref().map(|t| t.0),
-                &a.metadata.name,
-            )
-                .cmp(&(
-                    b.metadata.creation_timestamp.as_ref().map(|t| t.0),
-                    &b.metadata.name,
-                ))
-        });
-        if waiting.is_empty() {
-            return Ok(());
-        }
-        // In a bad environment nothing new starts: each operation is told why it waits.
-        if !self.check_health().await {
-            for op in &waiting {
-                self.tell_unhealthy(op).await;
-            }
-            return Ok(());
-        }
-        for op in waiting {
-            let Some(claim) = address::claim(&op, self.machine_generation()) else {
-                continue; // meant for another controller
-            };
-            // A result already recorded is re-published from the outbox, never re-run.
-            if self.runner.store.result_for(&claim.op.uid)?.is_some() {
-                continue;
-            }
-            // Its status writes start from the object as watched (kube.rs: `known`).
-            let uid = claim.op.uid.clone();
-            self.runner.effects.publisher.remember(&op);
-            let fed = self.feed(Input::OperationClaimed(claim)).await;
-            if !matches!(fed, Ok(Fed::Accepted(_))) {
-                self.runner.effects.publisher.forget(&uid);
-            }
-            // A claim the store could not record was not made: the operation waits.
-            let fed = match fed {
-                Err(e) => match self.transient(&e) {
-                    Some(fault) => {
-                        self.health
-                            .enter(fault, &self.runner.effects.publisher)
-                            .await;
-                        self.tell_unhealthy(&op).await;
-                        return Ok(());
-                    }
-                    None => return Err(e),
-                },
-                Ok(fed) => fed,
-            };
-            match fed {
-                Fed::Accepted(_) => {}
-                Fed::Refused(r) if r.is_transient() => {
-                    if let Some(uid) = op.metadata.uid.clone()
-                        && self.told_waiting.insert(uid)
-                    {
-                        let why = format!("waiting: {r}");
-                        self.runner.effects.publisher.waiting(&op, &why).await;
-                    }
-                    break;
-                }
-                Fed::Refused(r) => tracing::debug!(refusal = %r, "operation not claimed"),
-            }
-        }
-        Ok(())
-    }
-
-    /// A claimable operation is marked `Pending` and told, once, the fault it waits for.
-    async fn tell_unhealthy(&mut self, op: &MachineOperation) {
-        let Some(fault) = self.health.fault() else {
-            return;
-        };
-        if address::claim(op, 0).is_none() {
-            return;
-        }
-        if let Some(uid) = op.metadata.uid.clone()
-            && self.told_waiting.insert(uid)
-        {
-            let why = format!("waiting: {fault}; {}", fault.remedy());
-            self.runner.effects.publisher.waiting(op, &why).await;
-        }
-    }
-
-    /// After a (re-)list, what this node has to do: the journal line operators (and the e2e
-    /// suite) read to know the daemon has seen every operation and decided about each.
-    fn log_listed(&self, watch: &str) {
-        let labels = self.labels();
-        let mine: Vec<&MachineOperation> = self
-            .ops
-            .values()
-            .filter(|op| address::addressed(op, &self.node_name, labels.as_ref()))
-            .collect();
-        let finished = mine.iter().filter(|op| address::is_terminal(op)).count();
-        let waiting = mine.iter().filter(|op| address::is_claimable(op)).count();
-        tracing::info!(
-            node = %self.node_name,
-            watch = %watch,
-            addressed = mine.len(),
-            finished,
-            waiting,
-            state = %self.runner.state().map(|s| s.to_string()).unwrap_or_default(),
-            "operations listed"
-        );
     }
 
     async fn observe_goal(&mut self) -> Result<(), DaemonError> {

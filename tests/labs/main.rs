@@ -1,5 +1,6 @@
 //! The tests that wait on whole labs for many minutes, in one binary so that they wait side
-//! by side: both install suites (`install_suites`, a QEMU/TCG guest each) and the API server
+//! by side: the install suites' labs (`install_suites`: a QEMU/TCG guest for each install
+//! mode's checks that need a machine of their own, native nodes for the rest) and the API server
 //! away (`apiserver_away`, two control planes stopped for minutes). libtest would run them
 //! one per core, two at a time here, and the outage's five minutes would add to CI's time;
 //! they mostly wait on guests and outages, so this harness (libtest-mimic: libtest's
