@@ -51,9 +51,16 @@ echo "boot_id=$(cat /proc/sys/kernel/random/boot_id)"
         return f
 
     def agent_cli(self, args, timeout=120):
-        """`flexnode ARGS` where the node's flexnode is: in the agent's container."""
-        return self.sh("%s tasks exec --exec-id suite-$$ flexnode-agent /usr/bin/flexnode %s"
-                       % (CTR, args), timeout)
+        """`flexnode ARGS` where the node's flexnode is: in the agent's container. `ctr tasks
+        exec` can lose a short process's output to its IO setup (an empty stdout with status
+        0, seen on native nodes): asked again, a few times, until it answers."""
+        for _ in range(10):
+            out = self.sh("%s tasks exec --exec-id suite-$$ flexnode-agent /usr/bin/flexnode %s"
+                          % (CTR, args), timeout)
+            if out.strip():
+                return out
+            time.sleep(0.5)
+        raise Fail("`flexnode %s` in the agent's container printed nothing, 10 times" % args)
 
     def status_json(self):
         return json.loads(self.agent_cli("status -o json"))
@@ -141,10 +148,7 @@ class Suite(SuiteBase, NodeChecks, SecurityChecks):
         return wait_until("flexnode-agent active with its container running", up, timeout, 5)
 
     def version(self):
-        # `ctr tasks exec` can lose a short process's output to its IO setup (seen on a native
-        # node right after the agent's container started): asked again until it answers.
-        return wait_until("the agent's container to answer `version`",
-                          lambda: self.lab.agent_cli("version").strip() or None, 30, 1)
+        return self.lab.agent_cli("version").strip()
 
     def upgrade(self, name, which, tag=None):
         lab = self.lab
@@ -323,8 +327,7 @@ find /opt /usr/local -mindepth 1 \( -type f -o -name '*flexnode*' \) | sed 's/^/
         try:
             f = self.wait_agent(120)
             pid = f.get("task", "").split()[0]
-            need(lab.sh("%s tasks exec --exec-id probe flexnode-agent /usr/bin/flexnode version" % CTR).strip()
-                 == "flexnode 0.0.0-stubborn", "the stubborn image does not run")
+            need(lab.agent_cli("version").strip() == "flexnode 0.0.0-stubborn", "the stubborn image does not run")
             t = time.time()
             lab.sh("systemctl stop flexnode-agent", 180)
             took = time.time() - t
