@@ -417,22 +417,7 @@ find /opt /usr/local -mindepth 1 \( -type f -o -name '*flexnode*' \) | sed 's/^/
         again, Ready; the Node Ready again and the pod's container started since."""
         lab = self.lab
         f0 = self.wait_agent(60)
-        lab.drop_ssh()
-        try:
-            lab.ssh("systemctl reboot", 30)
-        except subprocess.TimeoutExpired:
-            pass  # the connection may die with the guest's sshd
-        lab.drop_ssh()
-        t = time.time()
-
-        def new_boot():
-            try:
-                lab.refresh_port()
-                rc, out, _ = lab.ssh("cat /proc/sys/kernel/random/boot_id", 20)
-            except (Fail, subprocess.TimeoutExpired):
-                return None
-            return out.strip() if rc == 0 and out.strip() and out.strip() != f0.get("boot_id") else None
-        wait_until("a new boot_id", new_boot, 600, 3)
+        t = lab.reboot(f0.get("boot_id"))
         f = self.wait_agent(600)
         need(f.get("selected") == f0.get("selected"), "another image is selected after the reboot")
         ro = lab.sh("findmnt -no OPTIONS /usr").strip()

@@ -193,6 +193,28 @@ class Lab:
             raise Fail("guest command failed (rc %d): %s: %s" % (rc, script[:120], (err or out).strip()[-400:]))
         return out
 
+    def reboot(self, boot_id):
+        """`systemctl reboot` in the guest; returns (the time it began) once a boot_id other
+        than `boot_id` answers over ssh."""
+        self.need_qemu("a reboot of the guest")
+        self.drop_ssh()
+        try:
+            self.ssh("systemctl reboot", 30)
+        except subprocess.TimeoutExpired:
+            pass  # the connection may die with the guest's sshd
+        self.drop_ssh()
+        t = time.time()
+
+        def new_boot():
+            try:
+                rc, out, _ = self.ssh("cat /proc/sys/kernel/random/boot_id", 20)
+            except subprocess.TimeoutExpired:
+                return None
+            return out.strip() if rc == 0 and out.strip() and out.strip() != boot_id else None
+        wait_until("a new boot_id", new_boot, 600, 3)
+        detail("guest back after %.0f s" % (time.time() - t))
+        return t
+
     def push(self, src, dst):
         """Copies the host's file SRC to DST in the guest, with its mode."""
         if not self.native_node:

@@ -395,19 +395,7 @@ class Suite(SuiteBase, NodeChecks, SecurityChecks):
         b = lab.facts()
         st0 = lab.status_json()
         hist0 = lab.sh("/opt/flexnode/bin/flexnode history --limit 1000 -o json")
-        lab.drop_ssh()
-        try:
-            lab.ssh("systemctl reboot", 30)
-        except subprocess.TimeoutExpired:
-            pass  # the connection may die with the guest's sshd
-        lab.drop_ssh()
-        t = time.time()
-
-        def new_boot():
-            rc, out, _ = lab.ssh("cat /proc/sys/kernel/random/boot_id", 20)
-            return out.strip() if rc == 0 and out.strip() and out.strip() != b.get("boot_id") else None
-        wait_until("a new boot_id", new_boot, 600, 3)
-        detail("guest back after %.0f s" % (time.time() - t))
+        t = lab.reboot(b.get("boot_id"))
         f = lab.wait_agent(300)
         need(f.get("link.current") == b.get("link.current"), "current %s -> %s across the reboot" % (b.get("link.current"), f.get("link.current")))
         self.agent_runs_current(f)

@@ -128,28 +128,8 @@ where
     // a wedged loop still gets the agent restarted (liveness.rs).
     owner.runner.on_progress = Some(crate::exec::Progress(Box::new(liveness::progress)));
     tokio::pin!(shutdown);
-    // Finish what a crash interrupted, publish what waits, judge a pending hand-off: before
-    // any new work is claimed. A store that cannot be written is waited for (then systemd
-    // is told the agent runs, so it is neither killed for a slow start nor restarted).
-    while let Err(e) = owner.runner.start(running.clone()).await {
-        let e = DaemonError::from(e);
-        let Some(fault) = owner.transient(&e) else {
-            return Err(e);
-        };
-        owner
-            .health
-            .enter(fault, &owner.runner.effects.publisher)
-            .await;
-        liveness::ready();
-        loop {
-            tokio::select! {
-                () = &mut shutdown => return Ok(()),
-                () = tokio::time::sleep(config.tick) => liveness::notify(&[sd_notify::NotifyState::Watchdog]),
-            }
-            if owner.check_health().await {
-                break;
-            }
-        }
+    if !owner.start(running, config.tick, shutdown.as_mut()).await? {
+        return Ok(());
     }
     // systemd (Type=notify) counts the agent started from here; the watchdog is fed by the
     // owner loop itself, so a wedged loop gets the agent restarted.
@@ -161,47 +141,8 @@ where
         .clear_shown(&state, &owner.runner.effects.publisher)
         .await;
 
-    let (tx, rx) = mpsc::channel(256);
+    let (rx, _abort) = start_watches(&config, &client);
     owner.inbox = Some(rx);
-    let name = config.node_name.as_str();
-    let counters = &config.counters;
-    let operations: &[(&'static str, String)] = match config.operations {
-        OperationWatch::Selected => &[
-            ("own", format!("spec.machineRef={name}")),
-            ("selector", "spec.machineRef=".to_owned()),
-        ],
-        OperationWatch::All => &[("all", String::new())],
-    };
-    let mut tasks: Vec<_> = operations
-        .iter()
-        .map(|(watch, fields)| {
-            let api = Api::all(client.clone());
-            watch::operations(api, name, watch, fields, tx.clone(), counters.clone())
-        })
-        .collect();
-    tasks.push(watch::single(
-        Api::<Node>::all(client.clone()),
-        name,
-        "node",
-        tx.clone(),
-        |n| Msg::Node(n.map(Box::new)),
-        counters.clone(),
-    ));
-    tasks.push(watch::single(
-        Api::<Machine>::all(client.clone()),
-        name,
-        "machine",
-        tx,
-        |m| Msg::Machine(m.map(Box::new)),
-        counters.clone(),
-    ));
-    counters
-        .watches
-        .store(tasks.len() as u64, Ordering::Relaxed);
-    // Counters shared with an earlier run of the daemon (tests restart it in one process):
-    // its watches are gone, and so is whatever they left interrupted.
-    counters.away.store(0, Ordering::Relaxed);
-    let _abort = AbortOnDrop(tasks.iter().map(|t| t.abort_handle()).collect());
     let mut next_tick = Instant::now() + config.tick;
     loop {
         let (ticked, done) = if let Some(msg) = owner.deferred.pop_front() {
@@ -266,6 +207,54 @@ where
     Ok(())
 }
 
+/// The node's watches (its operations, its Node, its Machine), each a task sending to the
+/// owner's inbox; they end when the returned guard is dropped.
+fn start_watches(config: &DaemonConfig, client: &Client) -> (mpsc::Receiver<Msg>, AbortOnDrop) {
+    let (tx, rx) = mpsc::channel(256);
+    let name = config.node_name.as_str();
+    let counters = &config.counters;
+    let operations: &[(&'static str, String)] = match config.operations {
+        OperationWatch::Selected => &[
+            ("own", format!("spec.machineRef={name}")),
+            ("selector", "spec.machineRef=".to_owned()),
+        ],
+        OperationWatch::All => &[("all", String::new())],
+    };
+    let mut tasks: Vec<_> = operations
+        .iter()
+        .map(|(watch, fields)| {
+            let api = Api::all(client.clone());
+            watch::operations(api, name, watch, fields, tx.clone(), counters.clone())
+        })
+        .collect();
+    tasks.push(watch::single(
+        Api::<Node>::all(client.clone()),
+        name,
+        "node",
+        tx.clone(),
+        |n| Msg::Node(n.map(Box::new)),
+        counters.clone(),
+    ));
+    tasks.push(watch::single(
+        Api::<Machine>::all(client.clone()),
+        name,
+        "machine",
+        tx,
+        |m| Msg::Machine(m.map(Box::new)),
+        counters.clone(),
+    ));
+    counters
+        .watches
+        .store(tasks.len() as u64, Ordering::Relaxed);
+    // Counters shared with an earlier run of the daemon (tests restart it in one process):
+    // its watches are gone, and so is whatever they left interrupted.
+    counters.away.store(0, Ordering::Relaxed);
+    (
+        rx,
+        AbortOnDrop(tasks.iter().map(|t| t.abort_handle()).collect()),
+    )
+}
+
 struct AbortOnDrop(Vec<tokio::task::AbortHandle>);
 
 impl Drop for AbortOnDrop {
@@ -277,6 +266,38 @@ impl Drop for AbortOnDrop {
 }
 
 impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
+    /// Finishes what a crash interrupted, publishes what waits, judges a pending hand-off:
+    /// before any new work is claimed. A store that cannot be written is waited for (then
+    /// systemd is told the agent runs, so it is neither killed for a slow start nor
+    /// restarted). `false`: `shutdown` came first.
+    async fn start(
+        &mut self,
+        running: AgentBuild,
+        tick: Duration,
+        mut shutdown: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+    ) -> Result<bool, DaemonError> {
+        while let Err(e) = self.runner.start(running.clone()).await {
+            let e = DaemonError::from(e);
+            let Some(fault) = self.transient(&e) else {
+                return Err(e);
+            };
+            self.health
+                .enter(fault, &self.runner.effects.publisher)
+                .await;
+            liveness::ready();
+            loop {
+                tokio::select! {
+                    () = &mut shutdown => return Ok(false),
+                    () = tokio::time::sleep(tick) => liveness::notify(&[sd_notify::NotifyState::Watchdog]),
+                }
+                if self.check_health().await {
+                    break;
+                }
+            }
+        }
+        Ok(true)
+    }
+
     /// A fault of `e` the daemon waits out; `None` for any other error (it ends the daemon).
     fn transient(&self, e: &DaemonError) -> Option<Fault> {
         health::of_daemon(e, self.runner.store.path()).filter(|f| !f.kind.needs_operator())

@@ -46,6 +46,8 @@ fn main() -> ExitCode {
     let controlplane = cfg!(flexnode_skip = "controlplane")
         .then_some("SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1");
     let nspawn = cfg!(flexnode_skip = "nspawn").then_some("SKIPPED nspawn: FLEXNODE_SKIP_NSPAWN=1");
+    let native = cfg!(flexnode_skip = "native-suite")
+        .then_some("SKIPPED native-suite: FLEXNODE_SKIP_NATIVE_SUITE=1");
     let trials = vec![
         trial(
             "apiserver_away::the_api_server_away_for_minutes_in_the_middle_of_three_operations",
@@ -73,20 +75,17 @@ fn main() -> ExitCode {
         ),
         trial(
             "install_suites::container_install_suite_passes_on_a_native_node",
-            cfg!(flexnode_skip = "native-suite")
-                .then_some("SKIPPED native-suite: FLEXNODE_SKIP_NATIVE_SUITE=1"),
+            native,
             install_suites::container_install_suite_passes_on_a_native_node,
         ),
         trial(
             "install_suites::host_install_suite_passes_on_a_native_node",
-            cfg!(flexnode_skip = "native-suite")
-                .then_some("SKIPPED native-suite: FLEXNODE_SKIP_NATIVE_SUITE=1"),
+            native,
             install_suites::host_install_suite_passes_on_a_native_node,
         ),
         trial(
             "install_suites::native_suite_passes_in_a_fresh_lab_of_three_nodes",
-            cfg!(flexnode_skip = "native-suite")
-                .then_some("SKIPPED native-suite: FLEXNODE_SKIP_NATIVE_SUITE=1"),
+            native,
             install_suites::native_suite_passes_in_a_fresh_lab_of_three_nodes,
         ),
     ];
