@@ -1,5 +1,6 @@
 //! Test tiers can be skipped only with their variable set to exactly `1`
-//! (`tests/support/tier.rs`). A skipped test is then compiled as ignored, with the reason
+//! (`tests/support/tier.rs`). A skipped test (`#[tier(name)]`, tests/tier-macro) is then
+//! compiled as ignored, with the reason
 //! `SKIPPED <tier>: <variable>=1`, so libtest lists it and counts it among the ignored.
 
 const TIERS: [(&str, &str); 7] = [

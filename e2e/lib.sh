@@ -124,15 +124,17 @@ next_bin() {
 # CA, auth with CREDENTIALS): the machines' rootfs (flexnode/node:K8S_VERSION), the pod sandbox
 # (flexnode/pause) and the workload (flexnode/busybox); their digests in DIR/state as
 # NODE_IMAGE, PAUSE_IMAGE, BUSYBOX_IMAGE. With PREVIOUS (a Kubernetes version) also the rootfs
-# with that version's kubelet, flexnode/node:PREVIOUS, as PREV_NODE_IMAGE. Needs the control
-# plane built (the kubelets).
+# with that version's kubelet, flexnode/node:PREVIOUS, as PREV_NODE_IMAGE. More images as
+# WHAT:REPO:TAG (e2e/node-image/build's WHAT; kube-proxy as KUBE_PROXY_IMAGE). Needs the
+# control plane built (the kubelets).
 node_images() {
   local registry=$1 ca=$2 creds=$3 prev=${4:-} what repo tag key layout digest pushed args
-  local images=(node:node:"$K8S_VERSION" pause:pause:3.10 busybox:busybox:lab)
+  local images=(node:node:"$K8S_VERSION" pause:pause:3.10 busybox:busybox:lab "${@:5}")
   [[ -z $prev ]] || images+=(node:node:"$prev")
   for what in "${images[@]}"; do
     IFS=: read -r what repo tag <<< "$what"
-    key="${what^^}_IMAGE" layout="$CACHE/node-image/$what-layout" args=()
+    key="${what^^}" layout="$CACHE/node-image/$what-layout" args=()
+    key="${key//-/_}_IMAGE"
     if [[ $what == node && $tag != "$K8S_VERSION" ]]; then
       key=PREV_NODE_IMAGE layout="$CACHE/node-image/node-$tag-layout" args=(--kubernetes "$tag")
     fi

@@ -11,6 +11,7 @@ mod support;
 use flate2::read::GzDecoder;
 use flexnode::effects::Containerd;
 use flexnode::machine::agent::Sha256Hex;
+use flexnode_test_tier::tier;
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -211,10 +212,7 @@ fn walk(p: &Path) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    flexnode_skip = "containerd",
-    ignore = "SKIPPED containerd: FLEXNODE_SKIP_CONTAINERD=1"
-)]
+#[tier(containerd)]
 async fn the_image_is_pushed_with_auth_pulled_by_digest_and_runs_in_containerd() {
     let (dir, digest) = built();
     let tier = Tier::up(Flavor::V1_6);
@@ -311,10 +309,7 @@ async fn the_image_is_pushed_with_auth_pulled_by_digest_and_runs_in_containerd()
 /// leaves no container behind. The candidate is an image `image/build` makes of a C program
 /// that only waits (built here with the host's C compiler).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    flexnode_skip = "containerd",
-    ignore = "SKIPPED containerd: FLEXNODE_SKIP_CONTAINERD=1"
-)]
+#[tier(containerd)]
 async fn a_candidate_that_hangs_fails_the_check_within_its_limit() {
     let dir = tempfile::tempdir().expect("tmp");
     let source = dir.path().join("hang.c");

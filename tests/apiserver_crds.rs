@@ -4,14 +4,12 @@
 
 mod support;
 
+use flexnode_test_tier::tier;
 use std::path::Path;
 use support::Lab;
 
 #[test]
-#[cfg_attr(
-    flexnode_skip = "controlplane",
-    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
-)]
+#[tier(controlplane)]
 fn crds_accept_the_upstream_examples_and_select_by_machine_ref() {
     let lab = Lab::up();
     let samples = Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/samples");
@@ -125,10 +123,7 @@ fn upstream_examples() -> Vec<serde_json::Value> {
 }
 
 #[test]
-#[cfg_attr(
-    flexnode_skip = "controlplane",
-    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
-)]
+#[tier(controlplane)]
 fn upstream_documentation_manifests_apply_unchanged() {
     let examples = upstream_examples();
     assert!(

@@ -6,6 +6,7 @@
 
 mod support;
 
+use flexnode_test_tier::tier;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -110,10 +111,7 @@ fn until_refused_by(policy: &str, mut attempt: impl FnMut() -> (bool, String)) -
 }
 
 #[test]
-#[cfg_attr(
-    flexnode_skip = "controlplane",
-    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
-)]
+#[tier(controlplane)]
 fn agents_write_only_their_own_node_s_operations_and_machine() {
     let lab = Lab::up();
     let started = Instant::now();

@@ -31,33 +31,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::containerd::{Flavor, NS, Tier, snapshotter};
-
-/// Each test function `name(Flavor)` as `v1_6::name` and `v2::name`.
-macro_rules! both_versions {
-    ($($(#[$attr:meta])* $name:ident),* $(,)?) => {
-        mod v1_6 {
-            $(
-                $(#[$attr])*
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                #[cfg_attr(flexnode_skip = "containerd", ignore = "SKIPPED containerd: FLEXNODE_SKIP_CONTAINERD=1")]
-                async fn $name() {
-                    super::$name(super::Flavor::V1_6).await
-                }
-            )*
-        }
-        mod v2 {
-            $(
-                $(#[$attr])*
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                #[cfg_attr(flexnode_skip = "containerd", ignore = "SKIPPED containerd: FLEXNODE_SKIP_CONTAINERD=1")]
-                async fn $name() {
-                    super::$name(super::Flavor::V2).await
-                }
-            )*
-        }
-    };
-}
+use support::containerd::{Flavor, NS, Tier, both_versions, snapshotter};
 
 both_versions!(
     pull_by_digest_unpacks_is_idempotent_and_removable,

@@ -8,6 +8,7 @@ use flexnode::api::MachineOperation;
 use flexnode::api::machine_operation::{MachineOperationSpec, OperationKind, OperationPhase};
 use flexnode::machine::agent::InstallMode;
 use flexnode::sim::{Build, FaultKind, SimHost};
+use flexnode_test_tier::tier;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Client;
@@ -154,10 +155,7 @@ fn machine_restarts(host: &SimHost) -> usize {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    flexnode_skip = "controlplane",
-    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
-)]
+#[tier(controlplane)]
 async fn claims_runs_and_publishes_operations() {
     let sc = Scenario::up().await;
     let mut agent = sc
@@ -315,10 +313,7 @@ async fn claims_runs_and_publishes_operations() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    flexnode_skip = "controlplane",
-    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
-)]
+#[tier(controlplane)]
 async fn agent_upgrade_hands_off_in_both_install_modes() {
     let sc = Scenario::up().await;
     let mut host = sc.node("host-node", &[], InstallMode::Host).await;
@@ -410,10 +405,7 @@ async fn agent_upgrade_hands_off_in_both_install_modes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    flexnode_skip = "controlplane",
-    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
-)]
+#[tier(controlplane)]
 async fn a_killed_daemon_and_an_unreachable_api_server_still_give_one_result() {
     let sc = Scenario::up().await;
     let mut agent = sc.node("edge-07", &[], InstallMode::Host).await;
@@ -516,10 +508,7 @@ async fn a_killed_daemon_and_an_unreachable_api_server_still_give_one_result() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    flexnode_skip = "controlplane",
-    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
-)]
+#[tier(controlplane)]
 async fn agent_reset_and_the_deletion_signal_reset_the_node() {
     let sc = Scenario::up().await;
     let mut reset = sc.node("edge-07", &[], InstallMode::Host).await;
@@ -581,10 +570,7 @@ async fn agent_reset_and_the_deletion_signal_reset_the_node() {
 /// node's operations, with no `observedMachineGeneration`: the Machine's watch reports the
 /// type as not served once instead of keeping the claims waiting for a first answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    flexnode_skip = "controlplane",
-    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
-)]
+#[tier(controlplane)]
 async fn operations_run_without_the_machine_api() {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let sc = Scenario::up().await;
@@ -624,10 +610,7 @@ async fn operations_run_without_the_machine_api() {
 /// a second: docs/reliability.md, "Power-cut soak"); once the cause is gone the next try
 /// applies the goal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    flexnode_skip = "controlplane",
-    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
-)]
+#[tier(controlplane)]
 async fn a_failed_repave_is_tried_again_after_a_pause() {
     let sc = Scenario::up().await;
     create_node_and_machine(&sc.client, "edge-09", &[]).await;

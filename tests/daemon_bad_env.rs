@@ -20,6 +20,7 @@ use flexnode::reconcile::DaemonConfig;
 use flexnode::reconcile::clock::{SteadyClock, boottime};
 use flexnode::sim::Build;
 use flexnode::store::StoreReader;
+use flexnode_test_tier::tier;
 use k8s_openapi::api::events::v1::Event;
 use kube::Client;
 use kube::api::{Api, PostParams};
@@ -461,10 +462,7 @@ async fn hand_off_deadline_with_jump(lab: &Lab, client: &Client, node: &str, jum
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    flexnode_skip = "controlplane",
-    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
-)]
+#[tier(controlplane)]
 async fn a_store_on_a_full_disk_loses_no_operation() {
     let lab = Lab::up();
     apply_rbac(&lab);
@@ -475,10 +473,7 @@ async fn a_store_on_a_full_disk_loses_no_operation() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    flexnode_skip = "controlplane",
-    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
-)]
+#[tier(controlplane)]
 async fn a_wall_clock_jump_moves_no_deadline() {
     let lab = Lab::up();
     apply_rbac(&lab);

@@ -14,6 +14,7 @@ mod support;
 use contract::nspawn::Nspawn;
 use contract::sim::Sim;
 use contract::tier::Registry;
+use flexnode_test_tier::tier;
 use support::containerd::Flavor;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -27,20 +28,14 @@ async fn simulated_containerd_keeps_the_contract() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    flexnode_skip = "nspawn",
-    ignore = "SKIPPED nspawn: FLEXNODE_SKIP_NSPAWN=1"
-)]
+#[tier(nspawn)]
 async fn dbus_systemd_keeps_the_contract() {
     let fx = Nspawn::up(&format!("fxct-{}", std::process::id())).await;
     contract::systemd::run_all("dbus systemd", &fx).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    flexnode_skip = "containerd",
-    ignore = "SKIPPED containerd: FLEXNODE_SKIP_CONTAINERD=1"
-)]
+#[tier(containerd)]
 async fn grpc_containerd_keeps_the_contract() {
     for (flavor, name) in [
         (Flavor::V1_6, "grpc containerd 1.6"),

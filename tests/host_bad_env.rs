@@ -13,6 +13,7 @@ use flexnode::api::Machine;
 use flexnode::api::MachineOperation;
 use flexnode::api::machine_operation::{MachineOperationSpec, OperationKind, OperationPhase};
 use flexnode::store::migrations::SCHEMA_VERSION;
+use flexnode_test_tier::tier;
 use k8s_openapi::api::events::v1::Event;
 use kube::Client;
 use kube::api::{Api, PostParams};
@@ -321,14 +322,7 @@ fn set_schema(store: &Path, version: i64) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    flexnode_skip = "nspawn",
-    ignore = "SKIPPED nspawn: FLEXNODE_SKIP_NSPAWN=1"
-)]
-#[cfg_attr(
-    all(flexnode_skip = "controlplane", not(flexnode_skip = "nspawn")),
-    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
-)]
+#[tier(nspawn, controlplane)]
 async fn a_bad_environment_is_refused_reported_and_mended() {
     let lab = Lab::up();
     apply_rbac(&lab);

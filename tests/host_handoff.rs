@@ -6,6 +6,7 @@
 mod support;
 
 use flexnode::api::MachineOperation;
+use flexnode_test_tier::tier;
 use kube::api::Api;
 use support::Lab;
 use support::agent::{admin, apply_rbac};
@@ -13,14 +14,7 @@ use support::artifacts::{Served, pack};
 use support::hostnode::HostNode;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    flexnode_skip = "nspawn",
-    ignore = "SKIPPED nspawn: FLEXNODE_SKIP_NSPAWN=1"
-)]
-#[cfg_attr(
-    all(flexnode_skip = "controlplane", not(flexnode_skip = "nspawn")),
-    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
-)]
+#[tier(nspawn, controlplane)]
 async fn agent_upgrades_hand_off_to_the_new_daemon_once_each() {
     let lab = Lab::up();
     apply_rbac(&lab);

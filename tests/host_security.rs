@@ -14,6 +14,7 @@ mod support;
 
 use flexnode::api::MachineOperation;
 use flexnode::api::machine_operation::{MachineOperationSpec, OperationKind, OperationPhase};
+use flexnode_test_tier::tier;
 use k8s_openapi::api::events::v1::Event;
 use kube::Client;
 use kube::api::{Api, PostParams};
@@ -41,14 +42,7 @@ const RECORDING_CANDIDATE: &str = "#!/bin/sh\n\
     exit 3\n";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    flexnode_skip = "nspawn",
-    ignore = "SKIPPED nspawn: FLEXNODE_SKIP_NSPAWN=1"
-)]
-#[cfg_attr(
-    all(flexnode_skip = "controlplane", not(flexnode_skip = "nspawn")),
-    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
-)]
+#[tier(nspawn, controlplane)]
 async fn a_host_install_keeps_its_secrets_modes_and_sandbox() {
     let lab = Lab::up();
     apply_rbac(&lab);

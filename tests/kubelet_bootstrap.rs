@@ -9,6 +9,7 @@
 
 mod support;
 
+use flexnode_test_tier::tier;
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -105,10 +106,7 @@ fn openssl(args: &[&str], file: &Path) -> String {
 }
 
 #[test]
-#[cfg_attr(
-    flexnode_skip = "controlplane",
-    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
-)]
+#[tier(controlplane)]
 fn a_kubelet_bootstraps_its_client_certificate_with_a_bootstrap_token() {
     let lab = Lab::up_with_controllers();
     let kubelet = lab.bin().join("kubelet");
@@ -179,10 +177,7 @@ fn a_kubelet_bootstraps_its_client_certificate_with_a_bootstrap_token() {
 }
 
 #[test]
-#[cfg_attr(
-    flexnode_skip = "controlplane",
-    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
-)]
+#[tier(controlplane)]
 fn an_expired_bootstrap_token_is_refused() {
     let lab = Lab::up_with_controllers();
     let expired = bootstrap_token(&lab, "0");
@@ -208,10 +203,7 @@ fn an_expired_bootstrap_token_is_refused() {
 }
 
 #[test]
-#[cfg_attr(
-    flexnode_skip = "controlplane",
-    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
-)]
+#[tier(controlplane)]
 fn the_scheduler_marks_a_pod_unschedulable_while_no_node_exists() {
     let lab = Lab::up_with_controllers();
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -257,10 +249,7 @@ fn the_scheduler_marks_a_pod_unschedulable_while_no_node_exists() {
 /// machine's absolute paths are moved under a temporary root (`bootstrapped` gives it a
 /// runtime socket that never answers).
 #[test]
-#[cfg_attr(
-    flexnode_skip = "controlplane",
-    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
-)]
+#[tier(controlplane)]
 fn the_machine_files_bootstrap_the_real_kubelet() {
     use flexnode::effects::host::kubelet::files_from;
     use flexnode::effects::host::{KUBELET_ENV, KubeletInputs};

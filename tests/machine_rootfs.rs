@@ -15,30 +15,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use support::containerd::{Flavor, NS, Tier, snapshotter};
-
-macro_rules! both_versions {
-    ($($name:ident),* $(,)?) => {
-        mod v1_6 {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                #[cfg_attr(flexnode_skip = "containerd", ignore = "SKIPPED containerd: FLEXNODE_SKIP_CONTAINERD=1")]
-                async fn $name() {
-                    super::$name(super::Flavor::V1_6).await
-                }
-            )*
-        }
-        mod v2 {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                #[cfg_attr(flexnode_skip = "containerd", ignore = "SKIPPED containerd: FLEXNODE_SKIP_CONTAINERD=1")]
-                async fn $name() {
-                    super::$name(super::Flavor::V2).await
-                }
-            )*
-        }
-    };
-}
+use support::containerd::{Flavor, NS, Tier, both_versions, snapshotter};
 
 both_versions!(
     layers_apply_in_order_with_whiteouts_and_metadata,

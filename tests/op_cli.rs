@@ -6,6 +6,7 @@ mod support;
 use flexnode::machine::agent::InstallMode;
 use flexnode::reconcile::client_from_kubeconfig;
 use flexnode::sim::Build;
+use flexnode_test_tier::tier;
 use kube::api::Api;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -25,10 +26,7 @@ async fn op(kubeconfig: &Path, args: &[&str]) -> Run {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    flexnode_skip = "controlplane",
-    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
-)]
+#[tier(controlplane)]
 async fn op_creates_lists_gets_and_waits() {
     let lab = Lab::up();
     let started = Instant::now();

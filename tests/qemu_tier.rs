@@ -12,6 +12,7 @@ mod support;
 
 use flexnode::effects::Systemd;
 use flexnode::effects::systemd::DbusSystemd;
+use flexnode_test_tier::tier;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -104,7 +105,7 @@ async fn connect(guest: &Guest) -> DbusSystemd {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(flexnode_skip = "qemu", ignore = "SKIPPED qemu: FLEXNODE_SKIP_QEMU=1")]
+#[tier(qemu)]
 async fn dbus_systemd_drives_a_qemu_guest_through_a_reboot() {
     require(Tier::Qemu);
     let t = Instant::now();

@@ -9,6 +9,7 @@ use flexnode::api::MachineOperation;
 use flexnode::api::machine_operation::OperationPhase;
 use flexnode::machine::agent::InstallMode;
 use flexnode::sim::FaultKind;
+use flexnode_test_tier::tier;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams};
@@ -114,10 +115,7 @@ fn names(list: &[&str]) -> BTreeSet<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    flexnode_skip = "controlplane",
-    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
-)]
+#[tier(controlplane)]
 async fn waves_keep_the_limit_stop_at_a_failure_resume_and_refuse_a_second_rollout() {
     let lab = Lab::up();
     // ≈ 40 s on an idle 2-core machine.

@@ -12,6 +12,7 @@ use flexnode::api::machine_operation::OperationPhase;
 use flexnode::api::{Machine, MachineOperation};
 use flexnode::machine::agent::InstallMode;
 use flexnode::reconcile::DaemonConfig;
+use flexnode_test_tier::tier;
 use futures::StreamExt;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, PostParams};
@@ -94,10 +95,7 @@ fn promlint(text: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    flexnode_skip = "controlplane",
-    ignore = "SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1"
-)]
+#[tier(controlplane)]
 async fn one_operation_shows_in_every_rendering() {
     support::logs::init();
     let since = support::logs::mark();

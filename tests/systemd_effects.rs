@@ -9,6 +9,7 @@ use flexnode::effects::systemd::{DbusSystemd, RESTART_UNIT_PREFIX};
 use flexnode::effects::{EffectError, Systemd, machine_unit};
 use flexnode::machine::Timestamp;
 use flexnode::machine::state::Side;
+use flexnode_test_tier::tier;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
@@ -58,10 +59,7 @@ async fn active_state(sd: &DbusSystemd, unit: &str) -> Option<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    flexnode_skip = "nspawn",
-    ignore = "SKIPPED nspawn: FLEXNODE_SKIP_NSPAWN=1"
-)]
+#[tier(nspawn)]
 async fn dbus_systemd_drives_a_real_system_manager() {
     let c = Container::up(&format!("fxsd-{}", std::process::id()));
     eprintln!(
@@ -409,10 +407,7 @@ fn alive(pid: u32) -> bool {
 /// machine1 against the container's machined, with a machine `kube1` that really runs: a
 /// systemd-nspawn nested in the nspawn container, started as `systemd-nspawn@kube1.service`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    flexnode_skip = "nspawn",
-    ignore = "SKIPPED nspawn: FLEXNODE_SKIP_NSPAWN=1"
-)]
+#[tier(nspawn)]
 async fn machined_reports_and_terminates_a_nested_nspawn_machine() {
     let t0 = Instant::now();
     let c = Container::up(&format!("fxmd-{}", std::process::id()));
@@ -533,10 +528,7 @@ async fn machined_reports_and_terminates_a_nested_nspawn_machine() {
 /// so the reboot shows as the nspawn process exiting, the old leader gone, and the bus
 /// connection dead. `down` (on drop) then only removes the state.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    flexnode_skip = "nspawn",
-    ignore = "SKIPPED nspawn: FLEXNODE_SKIP_NSPAWN=1"
-)]
+#[tier(nspawn)]
 async fn reboot_takes_the_container_system_down() {
     let c = Container::up(&format!("fxrb-{}", std::process::id()));
     let sd = DbusSystemd::at_address(&c.bus).await.expect("connect");
@@ -582,10 +574,7 @@ async fn reboot_takes_the_container_system_down() {
 /// agent: a join cut short after writing the units (the agent's unit file there, not enabled)
 /// is run again at the next boot, instead of leaving a host where neither runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    flexnode_skip = "nspawn",
-    ignore = "SKIPPED nspawn: FLEXNODE_SKIP_NSPAWN=1"
-)]
+#[tier(nspawn)]
 async fn the_bootstrap_unit_runs_until_the_join_enabled_the_agent() {
     use flexnode::effects::{AGENT_UNIT, BOOTSTRAP_UNIT};
     let c = Container::up(&format!("fxbs-{}", std::process::id()));

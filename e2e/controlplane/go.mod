@@ -1,6 +1,6 @@
 // Pins the upstream Kubernetes sources that e2e/controlplane/run builds
 // (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, and the
-// nodes' kubelet). Nothing here is part of flexnode itself; see e2e/README.md.
+// nodes' kubelet and kube-proxy). Nothing here is part of flexnode itself; see e2e/README.md.
 module flexnode.invalid/e2e/controlplane
 
 go 1.25.0
@@ -78,6 +78,7 @@ require (
 	github.com/mailru/easyjson v0.7.7 // indirect
 	github.com/mistifyio/go-zfs v2.1.2-0.20190413222219-f784269be439+incompatible // indirect
 	github.com/mitchellh/go-wordwrap v1.0.1 // indirect
+	github.com/moby/ipvs v1.1.0 // indirect
 	github.com/moby/spdystream v0.5.1 // indirect
 	github.com/moby/sys/mountinfo v0.7.2 // indirect
 	github.com/moby/sys/userns v0.1.0 // indirect
@@ -107,6 +108,8 @@ require (
 	github.com/spf13/cobra v1.9.1 // indirect
 	github.com/spf13/pflag v1.0.6 // indirect
 	github.com/stoewer/go-strcase v1.3.0 // indirect
+	github.com/vishvananda/netlink v1.3.1 // indirect
+	github.com/vishvananda/netns v0.0.5 // indirect
 	github.com/x448/float16 v0.8.4 // indirect
 	github.com/xlab/treeprint v1.2.0 // indirect
 	go.etcd.io/etcd/api/v3 v3.6.4 // indirect
@@ -151,6 +154,7 @@ require (
 	k8s.io/utils v0.0.0-20250604170112-4c0f3b243397 // indirect
 	sigs.k8s.io/apiserver-network-proxy/konnectivity-client v0.31.2 // indirect
 	sigs.k8s.io/json v0.0.0-20241014173422-cfa47c3a1cc8 // indirect
+	sigs.k8s.io/knftables v0.0.21 // indirect
 	sigs.k8s.io/kustomize/api v0.20.1 // indirect
 	sigs.k8s.io/kustomize/kustomize/v5 v5.7.1 // indirect
 	sigs.k8s.io/kustomize/kyaml v0.20.1 // indirect
@@ -164,7 +168,7 @@ require (
 // (kubernetes/kubernetes#79384). Each one is pinned to the tag matching
 // k8s.io/kubernetes (v1.34.N <-> v0.34.N) by the replace block below, and
 // required here at that tag. `go mod tidy` keeps only the ones in the build
-// graph (it drops code-generator, kube-proxy, sample-apiserver); the replace
+// graph (it drops code-generator, sample-apiserver); the replace
 // block lists all of them. When bumping, change every v0.34.N in this file.
 require (
 	k8s.io/api v0.34.12 // indirect
@@ -187,6 +191,7 @@ require (
 	k8s.io/kms v0.34.12 // indirect
 	k8s.io/kube-aggregator v0.34.12 // indirect
 	k8s.io/kube-controller-manager v0.34.12 // indirect
+	k8s.io/kube-proxy v0.34.12 // indirect
 	k8s.io/kube-scheduler v0.34.12 // indirect
 	k8s.io/kubectl v0.34.12 // indirect
 	k8s.io/kubelet v0.34.12 // indirect

@@ -137,7 +137,7 @@ class Suite(SuiteBase):
         SIGTERM (a PID 1 without a handler would hold its machine's stop for 90 s)."""
         pod = {
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "web-%d" % i, "labels": {"app": POD_LABEL}},
+            "metadata": {"name": "web-%d" % i, "labels": {"app": POD_LABEL, "node": n}},
             "spec": {"nodeName": n, "dnsPolicy": "Default", "terminationGracePeriodSeconds": 5,
                      "containers": [{"name": "web", "image": self.lab.busybox, "command": [
                          "/bin/busybox", "sh", "-c",
@@ -163,6 +163,13 @@ class Suite(SuiteBase):
             need(rc == 0 and out.strip() == "served-by-%s" % n, "kubectl exec %s: %r %s" % (name, out, err.strip()))
         detail("pods: %s" % ", ".join("%s %s" % (n, pods[n]["status"]["podIP"]) for n in lab.nodes))
 
+    def fetch(self, pod, addr, port):
+        """(rc, page, stderr) of POD's HTTP GET of ADDR:PORT."""
+        rc, out, err = self.lab.kubectl(
+            "exec", pod, "--", "/bin/busybox", "sh", "-c",
+            "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | /bin/busybox nc -w 5 %s %d" % (addr, port), timeout=30)
+        return rc, out.strip(), err.strip()
+
     def across(self):
         """Every pod fetches every other pod's page by its pod IP."""
         lab = self.lab
@@ -170,15 +177,57 @@ class Suite(SuiteBase):
         for a in lab.nodes:
             for b in lab.nodes:
                 ip = pods[b]["status"]["podIP"]
-                rc, out, err = lab.kubectl(
-                    "exec", pods[a]["metadata"]["name"], "--", "/bin/busybox", "sh", "-c",
-                    "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | /bin/busybox nc -w 5 %s 8080" % ip, timeout=30)
-                need(rc == 0 and out.strip().endswith("served-by-%s" % b),
-                     "the pod on %s did not reach the pod on %s at %s: %r %s" % (a, b, ip, out[-200:], err.strip()))
+                rc, out, err = self.fetch(pods[a]["metadata"]["name"], ip, 8080)
+                need(rc == 0 and out.endswith("served-by-%s" % b),
+                     "the pod on %s did not reach the pod on %s at %s: %r %s" % (a, b, ip, out[-200:], err))
+        return len(lab.nodes) ** 2
+
+    def services(self):
+        """Service web-NODE (ClusterIP, port 80) for each node's pod, made once: NODE -> its
+        ClusterIP."""
+        lab = self.lab
+        for n in lab.nodes:
+            svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web-" + n},
+                   "spec": {"selector": {"app": POD_LABEL, "node": n},
+                            "ports": [{"port": 80, "targetPort": 8080}]}}
+            rc, _, err = lab.kubectl("apply", "-f", "-", inp=json.dumps(svc))
+            need(rc == 0, "kubectl apply service web-%s: %s" % (n, err.strip()))
+        return {n: lab.kube_json("get", "service", "web-" + n)["spec"]["clusterIP"] for n in lab.nodes}
+
+    def through_services(self, timeout=60):
+        """Every pod fetches every node's Service by its ClusterIP (its own node's too: a pod
+        reaching itself through a Service). kube-proxy programs a Service's rules a moment
+        after its endpoints change: each fetch is asked again for up to TIMEOUT."""
+        lab = self.lab
+        pods = self.pods_running()
+        ips = self.services()
+        for a in lab.nodes:
+            for b in lab.nodes:
+                def fetched():
+                    rc, out, err = self.fetch(pods[a]["metadata"]["name"], ips[b], 80)
+                    if rc == 0 and out.endswith("served-by-%s" % b):
+                        return True
+                    raise Fail("rc %d: %r %s" % (rc, out[-200:], err))
+                wait_until("the pod on %s reaching Service web-%s at %s:80" % (a, b, ips[b]),
+                           fetched, timeout, 1)
         return len(lab.nodes) ** 2
 
     def c_pod_to_pod(self):
         detail("%d pod-to-pod fetches by pod IP, across every pair of nodes" % self.across())
+
+    def c_services(self):
+        """kube-proxy (a DaemonSet, e2e/native/kube-proxy.yaml) runs on every node, and every
+        pod reaches every node's pod through its Service's ClusterIP."""
+        lab = self.lab
+        ds = lab.kube_json("-n", "kube-system", "get", "daemonset", "kube-proxy")
+        ready = ds.get("status", {}).get("numberReady")
+        need(ready == len(lab.nodes), "kube-proxy is ready on %s of %d nodes" % (ready, len(lab.nodes)))
+        proxies = {p["spec"]["nodeName"]: p["status"].get("phase") for p in lab.kube_json(
+            "-n", "kube-system", "get", "pods", "-l", "k8s-app=kube-proxy")["items"]}
+        need(proxies == {n: "Running" for n in lab.nodes}, "kube-proxy pods: %s" % proxies)
+        ips = self.services()
+        detail("Services %s; %d fetches by ClusterIP, every pod to every node's Service"
+               % (", ".join("web-%s %s" % kv for kv in sorted(ips.items())), self.through_services()))
 
     def c_rollout(self):
         lab = self.lab
@@ -211,7 +260,8 @@ class Suite(SuiteBase):
         wait_until("every pod restarted with its machine and ready", restarted, 120, 1)
         detail("in order: %s; the rollout took %.1f s" % (
             ", ".join("%s %.1f s" % (n, ops[n][1] - ops[n][0]) for n in lab.nodes), took))
-        detail("%d pod-to-pod fetches after the reboots" % self.across())
+        detail("%d pod-to-pod fetches after the reboots, %d through Services"
+               % (self.across(), self.through_services()))
 
 
     def c_two_upgrades(self):
@@ -315,8 +365,9 @@ class Suite(SuiteBase):
         wait_until("%s's pod running again in %s" % (node, net), anew, 120, 1)
         self.pods_served()
         detail("%s repaved kube1 -> kube2 (%s -> %s, range %s) in %.1f s from the Node's deletion; "
-               "%d pod-to-pod fetches after" % (node, lab.join_version, lab.k8s_version,
-                                                n["spec"]["podCIDR"], took, self.across()))
+               "%d pod-to-pod fetches after, %d through Services"
+               % (node, lab.join_version, lab.k8s_version, n["spec"]["podCIDR"], took, self.across(),
+                  self.through_services(120)))
 
 
 CHECKS = [
@@ -324,6 +375,7 @@ CHECKS = [
     ("pod-ranges-from-the-cluster", Suite.c_pod_ranges, NATIVE),
     ("pod-on-every-node", Suite.c_pod_on_every_node, NATIVE),
     ("pod-to-pod-across-nodes", Suite.c_pod_to_pod, NATIVE),
+    ("service-clusterip-from-every-node", Suite.c_services, NATIVE),
     ("rollout-reboot-in-waves-of-one", Suite.c_rollout, NATIVE),
     ("repave-one-node-pods-across-after", Suite.c_repave, NATIVE),
     ("two-nodes-upgraded-at-once-each-its-own", Suite.c_two_upgrades, NATIVE),

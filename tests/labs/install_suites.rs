@@ -75,6 +75,6 @@ pub fn native_suite_passes_in_a_fresh_lab_of_three_nodes() {
         "e2e/native/lab",
         &["suite"],
         ("e2e/native/suite.py", "native"),
-        8,
+        9,
     );
 }

@@ -196,3 +196,33 @@ pub fn run(args: &[&str]) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// Each test function `name(Flavor)` of a file as `v1_6::name` and `v2::name`, tests of the
+/// containerd tier (attributes before a name go to both).
+#[allow(unused_macros)]
+macro_rules! both_versions {
+    ($($(#[$attr:meta])* $name:ident),* $(,)?) => {
+        mod v1_6 {
+            $(
+                $(#[$attr])*
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[::flexnode_test_tier::tier(containerd)]
+                async fn $name() {
+                    super::$name(super::Flavor::V1_6).await
+                }
+            )*
+        }
+        mod v2 {
+            $(
+                $(#[$attr])*
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[::flexnode_test_tier::tier(containerd)]
+                async fn $name() {
+                    super::$name(super::Flavor::V2).await
+                }
+            )*
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use both_versions;

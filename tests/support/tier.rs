@@ -1,7 +1,8 @@
 //! The real daemons a test needs, and the one way to skip them. A test of a tier starts with
 //! [`require`]: when the tier is missing, the test fails, naming what is missing and how to
 //! install it (the tier's own `check`). A tier is skipped only with its variable set to
-//! exactly `1`: `build.rs` then compiles the tier's tests as ignored, with the reason
+//! exactly `1`: `build.rs` then compiles the tier's tests (marked `#[tier(name)]`,
+//! tests/tier-macro) as ignored, with the reason
 //! `SKIPPED <tier>: <VARIABLE>=1`, so libtest lists each one and counts them. `.ci/run`
 //! refuses to start while any skip variable is set.
 

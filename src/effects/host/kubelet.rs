@@ -287,6 +287,9 @@ fn containerd_toml(s: &KubeletSettings, from_cluster: bool) -> String {
 }
 
 /// The machine's bridge network, with its range (or the template's placeholder for it).
+/// `hairpinMode`: a pod that reaches a Service whose endpoint is itself gets its packet back
+/// out of the port it came in by; without it that connection hangs (the native suite's
+/// `service-clusterip-from-every-node`, e2e/native/suite.py).
 fn bridge_network(s: &KubeletSettings, from_cluster: bool) -> serde_json::Value {
     // containerd's template language (Go's text/template) names the node's range.
     let subnet = if from_cluster {
@@ -299,6 +302,7 @@ fn bridge_network(s: &KubeletSettings, from_cluster: bool) -> serde_json::Value 
         "name": "flexnode",
         "plugins": [
             {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true,
+             "hairpinMode": true,
              "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet}]],
                       "routes": [{"dst": "0.0.0.0/0"}]}},
             {"type": "portmap", "capabilities": {"portMappings": true}},
