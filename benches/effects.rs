@@ -17,13 +17,15 @@
 
 #[path = "../tests/support/mod.rs"]
 mod support;
+// Flags, medians and the cache directory (benches/common/).
+mod common;
 
+use common::{cache_dir, median};
 use flexnode::effects::systemd::DbusSystemd;
 use flexnode::effects::{Containerd, Systemd};
 use flexnode::machine::Timestamp;
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use support::bench::{cache_dir, median};
 use support::containerd::{Flavor, NS, Tier, snapshotter};
 use support::nspawn::Container;
 use support::wait_for;

@@ -23,7 +23,10 @@
 
 #[path = "../tests/support/mod.rs"]
 mod support;
+// Flags, medians and the cache directory (benches/common/).
+mod common;
 
+use common::flag;
 use flexnode::api::machine_operation::{MachineOperation, OperationPhase};
 use flexnode::machine::agent::InstallMode;
 use flexnode::reconcile::{DaemonConfig, OperationWatch, WatchCounters, client_from_kubeconfig};
@@ -41,7 +44,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::Lab;
 use support::agent::{Agent, admin, apply_rbac, create_node_and_machine, node_reboot};
-use support::bench::flag;
 use support::proc::{cpu_secs, rss_mib};
 
 const TRICKLE_OPS: usize = 100;

@@ -15,7 +15,10 @@
 
 #[path = "../tests/support/mod.rs"]
 mod support;
+// Flags, medians and the cache directory (benches/common/).
+mod common;
 
+use common::{cache_dir, flag, median};
 use flexnode::machine::{Effect, Input, NodeState, Timestamp};
 use flexnode::store::Store;
 use serde_json::{Value, json};
@@ -24,7 +27,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use support::Lab;
 use support::agent::apply_rbac;
-use support::bench::{cache_dir, flag, median};
 use support::hostnode::HostNode;
 use support::proc::{cpu_secs_in, rss_mib_in};
 

@@ -9,13 +9,15 @@
 
 #[path = "../tests/support/mod.rs"]
 mod support;
+// Flags, medians and the cache directory (benches/common/).
+mod common;
 
+use common::{flag, median};
 use serde_json::json;
 use std::path::PathBuf;
 use support::Lab;
 use support::agent::{admin, apply_rbac};
 use support::artifacts::{Served, pack};
-use support::bench::{flag, median};
 use support::hostnode::{Handoff, HostNode};
 
 fn main() {

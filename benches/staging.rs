@@ -11,7 +11,10 @@
 
 #[path = "../tests/support/mod.rs"]
 mod support;
+// Flags, medians and the cache directory (benches/common/).
+mod common;
 
+use common::{cache_dir, flag, median};
 use flexnode::effects::archive::ArchiveFetcher;
 use flexnode::machine::agent::{Arch, ArchiveUrl, Sha256Hex};
 use serde_json::json;
@@ -19,7 +22,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 use support::artifacts::{Served, pack};
-use support::bench::{cache_dir, flag, median};
 
 const RUNS: usize = 7;
 

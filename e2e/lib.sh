@@ -99,7 +99,7 @@ flexnode_bin() { # prints the path of the (host) flexnode binary, building it if
 }
 
 # guest_bin: the agent the guest runs: the release binary of the agent's image (image/build
-# binary; tests/agent_image.rs has built it when the suites run in `cargo test`), from the
+# binary; tests/effects/agent_image.rs has built it when the suites run in `cargo test`), from the
 # same sources as flexnode_bin, so it reports the same version. Optimized, because the agent's
 # own generic data paths (tar, gzip and hashing instantiated in this crate: a node image
 # unpacked into a machine's tree) took minutes in a TCG guest unoptimized.

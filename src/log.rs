@@ -44,7 +44,7 @@ pub struct Entry {
 }
 
 /// Makes each event an [`Entry`] and hands it to its sink: journald in the daemon, a buffer
-/// in tests (`tests/url_secrets.rs` reads what the journal would get).
+/// in tests (`tests/core/url_secrets.rs` reads what the journal would get).
 pub struct Journal<F>(pub F);
 
 impl<S: Subscriber, F: Fn(&Entry) + Send + Sync + 'static> Layer<S> for Journal<F> {

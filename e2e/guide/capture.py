@@ -3,7 +3,7 @@
 
 The guide is regenerated, never hand-edited: each step below is run (on the operator's
 machine, with the lab's kubeconfig, or as root on the node through ssh), and the command and
-its real output go into the guide. `tests/generated.rs` checks that every flexnode command the
+its real output go into the guide. `tests/core/generated.rs` checks that every flexnode command the
 guide shows still exists with the flags it uses.
 
 Run by e2e/guide/capture (which brings the labs up and down, one after the other):

@@ -1,5 +1,5 @@
 // The upstream agent's CRDs at the version the AKS Flex Node agent pins; only downloaded
-// (tests/upstream_crds.rs), never built.
+// (tests/core/upstream_crds.rs), never built.
 module flexnode.test/upstream
 
 go 1.22

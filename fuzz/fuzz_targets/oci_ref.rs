@@ -1,5 +1,5 @@
 //! cargo-fuzz target `oci_ref`: the checks are in `fuzz/src/oci_ref.rs` (shared with
-//! `tests/fuzz_findings.rs`, which replays every kept input).
+//! `tests/core/fuzz_findings.rs`, which replays every kept input).
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(

@@ -1,7 +1,7 @@
 //! The fuzz targets' checks, one module per target. Each `check(data, scratch)` feeds `data`
 //! to the agent's own code and panics when a property fails, beyond "no panic": what is
 //! accepted is well formed, no message shows a URL's secret, nothing is written outside its
-//! directory. `tests/fuzz_findings.rs` compiles the same modules (by `#[path]`) with the
+//! directory. `tests/core/fuzz_findings.rs` compiles the same modules (by `#[path]`) with the
 //! stable compiler and replays the kept inputs under `fuzz/regressions/`.
 
 pub mod archive;

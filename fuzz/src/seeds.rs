@@ -1,6 +1,6 @@
 //! The seed corpora: valid and near-valid inputs for every target, made here rather than
 //! committed (each target writes its own before it starts, `write_seeds` in `lib.rs`;
-//! `tests/fuzz_findings.rs` checks that each one still takes the path it was made for).
+//! `tests/core/fuzz_findings.rs` checks that each one still takes the path it was made for).
 //! Secrets are planted as [`MARKER`].
 
 use crate::common::MARKER;

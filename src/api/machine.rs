@@ -1,6 +1,6 @@
 //! `Machine`: the node's goal. flexnode reads `spec.kubernetes` and `metadata.generation`,
 //! and reports only through fields the upstream schema has. Every field of the upstream
-//! schema is here with its type (`tests/upstream_crds.rs` checks it).
+//! schema is here with its type (`tests/core/upstream_crds.rs` checks it).
 // kube's derive repeats `type_` per printer column, which this lint misreads.
 #![allow(clippy::duplicated_attributes)]
 

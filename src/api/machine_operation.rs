@@ -1,5 +1,5 @@
 //! `MachineOperation`: an imperative, one-shot node operation. Every field of the upstream
-//! schema is here with its type (`tests/upstream_crds.rs` checks it).
+//! schema is here with its type (`tests/core/upstream_crds.rs` checks it).
 // kube's derive repeats `type_` per printer column, which this lint misreads.
 #![allow(clippy::duplicated_attributes)]
 

@@ -1,6 +1,6 @@
 //! Files made from the command line's definition: the shell completions and the man pages.
 //! They are checked in (`completions/`, `man/`) so that packages ship them without running
-//! the binary; `cargo run --bin crdgen` writes them and `tests/generated.rs` fails on drift.
+//! the binary; `cargo run --bin crdgen` writes them and `tests/core/generated.rs` fails on drift.
 //! `flexnode completions SHELL` prints one script for a shell's own setup.
 
 use super::command::Cli;

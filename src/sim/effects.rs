@@ -1,5 +1,5 @@
 //! The effects traits over the simulated world, behaving as the real daemons do (the effects
-//! contract in `tests/effects_contract.rs` holds both to the same cases).
+//! contract in `tests/effects/effects_contract.rs` holds both to the same cases).
 
 use super::host::SimHost;
 use super::world::*;

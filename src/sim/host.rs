@@ -51,7 +51,7 @@ pub struct HostSnapshot {
 type TimeSource = Arc<dyn Fn() -> Timestamp + Send + Sync>;
 
 /// What a process does where a crash is planned instead of simulating it: it saves what
-/// outlives it and waits for its SIGKILL (`tests/crash_simulation.rs`, the real deaths).
+/// outlives it and waits for its SIGKILL (`tests/crash_simulation/main.rs`, the real deaths).
 pub type StopAtCrash = Arc<dyn Fn(&World) + Send + Sync>;
 
 #[derive(Clone, Default)]

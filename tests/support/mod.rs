@@ -4,7 +4,6 @@
 pub mod account;
 pub mod agent;
 pub mod artifacts;
-pub mod bench;
 pub mod cli;
 pub mod containerd;
 pub mod history;

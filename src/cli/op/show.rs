@@ -186,7 +186,7 @@ fn render(v: &serde_json::Value, output: Output) -> Result<String, Failure> {
     }
 }
 
-/// `op get`'s human form. Public for the property tests of secrets (`tests/url_secrets.rs`).
+/// `op get`'s human form. Public for the property tests of secrets (`tests/core/url_secrets.rs`).
 pub fn human(op: &MachineOperation) -> String {
     let status = op.status.as_ref();
     let none = || "<none>".to_string();
@@ -219,7 +219,7 @@ pub fn human(op: &MachineOperation) -> String {
 
 /// The object as JSON, without anything that may carry credentials: the download URL's query
 /// (and userinfo), kubectl's last-applied copy of the spec, and managedFields (as kubectl hides).
-/// Public for the fuzz targets and the property tests of secrets (`tests/url_secrets.rs`).
+/// Public for the fuzz targets and the property tests of secrets (`tests/core/url_secrets.rs`).
 pub fn redacted(op: &MachineOperation) -> Result<serde_json::Value, Failure> {
     let mut v = serde_json::to_value(op)
         .map_err(|e| Failure::failed(format!("cannot render the object: {e}")))?;
