@@ -97,6 +97,10 @@ fn promlint(text: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[tier(controlplane)]
 async fn one_operation_shows_in_every_rendering() {
+    // Its counts are exact: no other test's daemon may have counted in its process.
+    if !support::in_own_process("status_model::one_operation_shows_in_every_rendering") {
+        return;
+    }
     support::logs::init();
     let since = support::logs::mark();
     let lab = Lab::up();

@@ -2,7 +2,8 @@
 //! (`github.com/Azure/unbounded`, `e2e/upstream/go.mod`; fetched from the Go module proxy by
 //! `e2e/upstream/fetch`, checked against go.sum). Every upstream field path must exist in
 //! ours with the same type and format; ours may not be stricter (no enum where upstream has
-//! none, no fewer enum values, no field required that upstream leaves optional). Fields only
+//! none, no fewer enum values, no field required that upstream leaves optional, no bound,
+//! pattern or validation rule upstream lacks). Fields only
 //! ours has are allowed. The names, scope, versions and subresources must match.
 
 use serde_json::Value;
@@ -54,6 +55,39 @@ fn strings(v: Option<&Value>) -> Vec<String> {
         .unwrap_or_default();
     out.sort();
     out
+}
+
+/// The schema keys that narrow what a field takes.
+const VALIDATIONS: [&str; 14] = [
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "minItems",
+    "maxItems",
+    "uniqueItems",
+    "minProperties",
+    "maxProperties",
+    "x-kubernetes-validations",
+    "x-kubernetes-list-type",
+];
+
+/// Narrowings ours has on purpose. The Machine's `status.conditions` is a map by `type` (as
+/// upstream's MachineOperation has it): one condition per type, and each writer's own under
+/// server-side apply. Only agents and controllers write status, never a manifest, and the agent
+/// writes it whole with the object's resourceVersion (`src/effects/kube.rs` `write_status`), so
+/// it keeps other writers' conditions under upstream's CRD as under ours.
+const ACCEPTED: [(&str, &str); 1] = [(".status.conditions", "x-kubernetes-list-type")];
+
+/// Equal, a number by its value (YAML's `0` and schemars' `0.0`).
+fn same(a: Option<&Value>, b: Option<&Value>) -> bool {
+    match (a.and_then(Value::as_f64), b.and_then(Value::as_f64)) {
+        (Some(x), Some(y)) => x == y,
+        _ => a == b,
+    }
 }
 
 /// What in `ours` would refuse or mistype a manifest valid for `upstream`.
@@ -125,6 +159,19 @@ fn differences(upstream: &Value, ours: &Value) -> Vec<String> {
             if !oe.is_empty() && (ue.is_empty() || ue.iter().any(|v| !oe.contains(v))) {
                 diffs.push(format!("{name} {at}: enum upstream {ue:?} ours {oe:?}"));
             }
+            // A bound, a pattern or a rule ours adds or changes could refuse what upstream takes.
+            for key in VALIDATIONS {
+                if o.get(key).is_some()
+                    && !same(u.get(key), o.get(key))
+                    && !ACCEPTED.contains(&(path.as_str(), key))
+                {
+                    diffs.push(format!(
+                        "{name} {at}: {key} upstream {:?} ours {:?}",
+                        u.get(key),
+                        o.get(key)
+                    ));
+                }
+            }
             let (ur, or) = (strings(u.get("required")), strings(o.get("required")));
             let extra: Vec<&String> = or.iter().filter(|r| !ur.contains(r)).collect();
             if !extra.is_empty() {
@@ -164,7 +211,7 @@ fn our_crds_take_every_upstream_field_with_its_type() {
 }
 
 #[test]
-fn the_comparison_sees_a_missing_field_a_wrong_type_and_a_stricter_schema() {
+fn the_comparison_sees_every_difference_that_could_refuse_an_upstream_manifest() {
     let crd = |props: Value, required: Value| {
         serde_json::json!({"spec": {"group": "g", "scope": "Cluster", "names": {"kind": "K"},
             "versions": [{"name": "v1", "served": true, "storage": true,
@@ -207,4 +254,50 @@ fn the_comparison_sees_a_missing_field_a_wrong_type_and_a_stricter_schema() {
             .join("\n")
             .contains(".s: missing")
     );
+
+    // Each narrowing of a field that upstream leaves open is seen, and fewer enum values.
+    let open = crd(
+        many(serde_json::json!({"e": {"type": "string", "enum": ["a", "b"]}})),
+        serde_json::json!([]),
+    );
+    for (key, value) in [
+        ("minimum", serde_json::json!(1)),
+        ("maxLength", serde_json::json!(63)),
+        ("pattern", serde_json::json!("^[a-z]+$")),
+        ("maxItems", serde_json::json!(3)),
+        (
+            "x-kubernetes-validations",
+            serde_json::json!([{"rule": "self != ''"}]),
+        ),
+    ] {
+        let mut narrowed = open.clone();
+        narrowed["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["f0"][key] =
+            value;
+        let d = differences(&open, &narrowed).join("\n");
+        assert!(d.contains(&format!(".f0: {key}")), "{key}: {d}");
+    }
+    let mut fewer = open.clone();
+    fewer["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["e"]["enum"] =
+        serde_json::json!(["a"]);
+    assert!(
+        differences(&open, &fewer).join("\n").contains(".e: enum"),
+        "fewer enum values"
+    );
+
+    // The names, the scope, the versions and their subresources.
+    let changed = |f: &dyn Fn(&mut Value)| {
+        let mut c = open.clone();
+        f(&mut c);
+        differences(&open, &c).join("\n")
+    };
+    assert!(changed(&|c| c["spec"]["names"]["kind"] = "Other".into()).contains("spec.names.kind"));
+    assert!(changed(&|c| c["spec"]["scope"] = "Namespaced".into()).contains("spec.scope"));
+    assert!(
+        changed(&|c| c["spec"]["versions"][0]["name"] = "v2".into()).contains("version v1 missing")
+    );
+    assert!(
+        changed(&|c| c["spec"]["versions"][0]["subresources"] = serde_json::json!({"status": {}}))
+            .contains("v1 subresources")
+    );
+    assert!(changed(&|c| c["spec"]["versions"][0]["served"] = false.into()).contains("v1 served"));
 }

@@ -116,7 +116,11 @@ impl Agent {
         }));
     }
 
-    /// The process is killed (SIGKILL): no clean-up runs.
+    /// Stands for the process killed: its task is aborted at its next await, so no further
+    /// step of it runs. Not a SIGKILL: the task's values are dropped (a store transaction
+    /// rolled back, a connection closed: what SQLite and the kernel do after a SIGKILL too,
+    /// but in the same process). Real SIGKILLs: the crash simulation's child deaths
+    /// (tests/crash_simulation/) and the power cuts of the suites.
     pub async fn kill(&mut self) {
         if let Some(t) = self.task.take() {
             t.abort();

@@ -41,6 +41,30 @@ pub struct Lab {
     _parent: tempfile::TempDir,
 }
 
+/// True in a process of the test binary that runs only `test` (the crate path without the
+/// crate, e.g. `status_model::one_operation_shows_in_every_rendering`); elsewhere it runs that
+/// process, asserts the test passed in it, and returns false. For a test that reads
+/// process-wide state the crate's other tests also write: the daemon's metrics registry
+/// (src/metrics.rs) counts every daemon of the process.
+pub fn in_own_process(test: &str) -> bool {
+    const CHILD: &str = "FLEXNODE_TEST_OWN_PROCESS";
+    if std::env::var_os(CHILD).is_some() {
+        return true;
+    }
+    let out = Command::new(std::env::current_exe().expect("the test binary"))
+        .args(["--exact", test, "--test-threads=1", "--nocapture"])
+        .env(CHILD, "1")
+        .output()
+        .expect("run the test in a process of its own");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "{test}, in a process of its own:\n{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    false
+}
+
 pub fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e/controlplane/run")
 }
