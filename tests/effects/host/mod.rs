@@ -1,6 +1,7 @@
 //! `FsHost` on the real filesystem (a temporary root) and the archive downloader against a real
 //! HTTP server on 127.0.0.1: slots and links, staging and its refusals, the candidate check,
-//! machine trees and runtime files.
+//! machine trees and runtime files. One file per part of `src/effects/host/` and the
+//! downloader; here what they share (the fixture, archives, an HTTP server).
 
 mod candidate;
 mod https;
