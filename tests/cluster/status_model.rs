@@ -98,7 +98,7 @@ fn promlint(text: &str) -> String {
 #[tier(controlplane)]
 async fn one_operation_shows_in_every_rendering() {
     // Its counts are exact: no other test's daemon may have counted in its process.
-    if !support::in_own_process("status_model::one_operation_shows_in_every_rendering") {
+    if !support::in_own_process("status_model::one_operation_shows_in_every_rendering", &[]) {
         return;
     }
     support::logs::init();

@@ -42,11 +42,12 @@ pub struct Lab {
 }
 
 /// True in a process of the test binary that runs only `test` (the crate path without the
-/// crate, e.g. `status_model::one_operation_shows_in_every_rendering`); elsewhere it runs that
-/// process, asserts the test passed in it, and returns false. For a test that reads
-/// process-wide state the crate's other tests also write: the daemon's metrics registry
-/// (src/metrics.rs) counts every daemon of the process.
-pub fn in_own_process(test: &str) -> bool {
+/// crate, e.g. `status_model::one_operation_shows_in_every_rendering`) with `env` set;
+/// elsewhere it runs that process, asserts the test passed in it, and returns false. For a
+/// test that reads process-wide state the crate's other tests also write (the daemon's
+/// metrics registry, src/metrics.rs, counts every daemon of the process), or that needs an
+/// environment of its own (no system CA certificates).
+pub fn in_own_process(test: &str, env: &[(&str, &str)]) -> bool {
     const CHILD: &str = "FLEXNODE_TEST_OWN_PROCESS";
     if std::env::var_os(CHILD).is_some() {
         return true;
@@ -54,6 +55,7 @@ pub fn in_own_process(test: &str) -> bool {
     let out = Command::new(std::env::current_exe().expect("the test binary"))
         .args(["--exact", test, "--test-threads=1", "--nocapture"])
         .env(CHILD, "1")
+        .envs(env.iter().copied())
         .output()
         .expect("run the test in a process of its own");
     let stdout = String::from_utf8_lossy(&out.stdout);

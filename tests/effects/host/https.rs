@@ -129,22 +129,13 @@ async fn https_downloads_need_a_trusted_certificate() {
 /// pointing nowhere), so the rest of this binary keeps the machine's store.
 #[tokio::test]
 async fn downloads_work_on_a_host_without_system_ca_certificates() {
-    const INNER: &str = "FLEXNODE_TEST_NO_SYSTEM_CA";
-    if std::env::var_os(INNER).is_none() {
-        let name = "host::https::downloads_work_on_a_host_without_system_ca_certificates";
-        let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
-            .args(["--exact", name, "--test-threads=1"])
-            .env(INNER, "1")
-            .env("SSL_CERT_FILE", "/nonexistent/ca-certificates.crt")
-            .env("SSL_CERT_DIR", "/nonexistent")
-            .output()
-            .expect("run the child");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success() && stdout.contains("1 passed"),
-            "{stdout}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+    if !crate::support::in_own_process(
+        "host::https::downloads_work_on_a_host_without_system_ca_certificates",
+        &[
+            ("SSL_CERT_FILE", "/nonexistent/ca-certificates.crt"),
+            ("SSL_CERT_DIR", "/nonexistent"),
+        ],
+    ) {
         return;
     }
     let archive = agent_archive(b"candidate with no system trust");
