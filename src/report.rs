@@ -201,6 +201,38 @@ pub fn build(reader: &StoreReader) -> Result<StatusReport, StoreError> {
 /// The summary a person reads.
 pub fn render_human(r: &StatusReport) -> String {
     let mut out = String::new();
+    source(&mut out, r);
+    for p in &r.problems {
+        let _ = writeln!(out, "Problem:          {}: {}", p.reason, p.message);
+        let _ = writeln!(out, "What to do:       {}", p.remedy);
+    }
+    if r.phase == "Unknown" {
+        let _ = writeln!(out, "Phase:            Unknown (the store cannot be read)");
+        return out;
+    }
+    let phase = match r.step {
+        Some(step) => format!("{} ({step})", r.phase),
+        None => r.phase.to_string(),
+    };
+    let _ = writeln!(out, "Phase:            {phase}");
+    if let Some(d) = &r.deadline {
+        let _ = writeln!(out, "Deadline:         {d}");
+    }
+    node(&mut out, r);
+    kubelet(&mut out, r);
+    operations(&mut out, r);
+    let _ = writeln!(out, "Recent transitions:");
+    if r.recent_transitions.is_empty() {
+        let _ = writeln!(out, "  (none)");
+    }
+    for e in &r.recent_transitions {
+        let _ = writeln!(out, "  {}", journal_line(e));
+    }
+    out
+}
+
+/// Where the report comes from: the store, and the daemon when it answers.
+fn source(out: &mut String, r: &StatusReport) {
     match &r.daemon {
         Some(d) => {
             let _ = writeln!(
@@ -223,22 +255,10 @@ pub fn render_human(r: &StatusReport) -> String {
             let _ = writeln!(out, "Source:           the store (no daemon answers)");
         }
     }
-    for p in &r.problems {
-        let _ = writeln!(out, "Problem:          {}: {}", p.reason, p.message);
-        let _ = writeln!(out, "What to do:       {}", p.remedy);
-    }
-    if r.phase == "Unknown" {
-        let _ = writeln!(out, "Phase:            Unknown (the store cannot be read)");
-        return out;
-    }
-    let phase = match r.step {
-        Some(step) => format!("{} ({step})", r.phase),
-        None => r.phase.to_string(),
-    };
-    let _ = writeln!(out, "Phase:            {phase}");
-    if let Some(d) = &r.deadline {
-        let _ = writeln!(out, "Deadline:         {d}");
-    }
+}
+
+/// The node as joined: its side, versions and agent.
+fn node(out: &mut String, r: &StatusReport) {
     match &r.node {
         Some(n) => {
             let _ = writeln!(
@@ -269,6 +289,10 @@ pub fn render_human(r: &StatusReport) -> String {
             let _ = writeln!(out, "Node:             not joined");
         }
     }
+}
+
+/// The kubelet's Node as last seen.
+fn kubelet(out: &mut String, r: &StatusReport) {
     if let Some(k) = &r.kubelet {
         let n = &k.node;
         let reason = if n.reason.is_empty() {
@@ -287,6 +311,10 @@ pub fn render_human(r: &StatusReport) -> String {
             n.ready, k.seen_at
         );
     }
+}
+
+/// The operation under way, effects a crash interrupted, the last result.
+fn operations(out: &mut String, r: &StatusReport) {
     match &r.current_operation {
         Some(op) => {
             let _ = writeln!(
@@ -322,14 +350,6 @@ pub fn render_human(r: &StatusReport) -> String {
             }
         );
     }
-    let _ = writeln!(out, "Recent transitions:");
-    if r.recent_transitions.is_empty() {
-        let _ = writeln!(out, "  (none)");
-    }
-    for e in &r.recent_transitions {
-        let _ = writeln!(out, "  {}", journal_line(e));
-    }
-    out
 }
 
 pub fn journal_line(e: &JournalEntry) -> String {
