@@ -77,7 +77,35 @@ impl GrpcContainerd {
         lease: &str,
         snapshots: Snapshots,
     ) -> EffectResult<PulledImage> {
-        // 1. Resolve: the pinned object, the platform manifest, the config.
+        let image = self.resolve(reg, digest, lease).await?;
+        self.store_content(reg, &image, lease).await?;
+        if snapshots == Snapshots::Unpack {
+            self.unpack(
+                &image.manifest.layers,
+                &image.diff_ids,
+                &image.chain_ids,
+                lease,
+            )
+            .await?;
+        }
+        // The image record, last.
+        let name = reg.rr.pinned();
+        self.ensure_record(&name, &image.top_desc, lease).await?;
+        Ok(PulledImage {
+            name,
+            target_media_type: image.top_desc.media_type,
+            manifest_digest: image.manifest_desc.digest,
+            chain_ids: image.chain_ids,
+        })
+    }
+
+    /// The pinned object, the platform manifest and the config, read from the registry.
+    async fn resolve(
+        &self,
+        reg: &Registry,
+        digest: &Sha256Hex,
+        lease: &str,
+    ) -> EffectResult<Resolved> {
         let top_digest = digest.oci();
         let top = self
             .small_blob(reg, BlobKind::Manifest, &top_digest, None, lease)
@@ -126,17 +154,31 @@ impl GrpcContainerd {
             )));
         }
         let chain_ids = chain_ids(&diff_ids);
+        Ok(Resolved {
+            top_desc,
+            index,
+            manifest_desc,
+            manifest_bytes,
+            manifest,
+            config_bytes,
+            diff_ids,
+            chain_ids,
+        })
+    }
 
-        // 2. Content: layers streamed, then config, manifest, index with their gc references.
+    /// The content store: layers streamed, then config, manifest and index, each with the
+    /// gc references that keep what it names.
+    async fn store_content(&self, reg: &Registry, image: &Resolved, lease: &str) -> EffectResult {
+        let manifest = &image.manifest;
         let mut progress = PullTracker::new(self.progress.0.clone(), &manifest.layers);
-        for (layer, diff_id) in manifest.layers.iter().zip(&diff_ids) {
+        for (layer, diff_id) in manifest.layers.iter().zip(&image.diff_ids) {
             let labels = HashMap::from([("containerd.io/uncompressed".into(), diff_id.clone())]);
             self.ensure_blob(reg, layer, None, labels, lease, Some(&mut progress))
                 .await?;
             progress.layer_done(layer);
         }
         let mut config_labels = HashMap::new();
-        if let Some(top_chain) = chain_ids.last() {
+        if let Some(top_chain) = image.chain_ids.last() {
             config_labels.insert(
                 format!("containerd.io/gc.ref.snapshot.{}", self.snapshotter),
                 top_chain.clone(),
@@ -145,7 +187,7 @@ impl GrpcContainerd {
         self.ensure_blob(
             reg,
             &manifest.config,
-            Some(&config_bytes),
+            Some(&image.config_bytes),
             config_labels,
             lease,
             None,
@@ -163,37 +205,22 @@ impl GrpcContainerd {
         }
         self.ensure_blob(
             reg,
-            &manifest_desc,
-            Some(&manifest_bytes),
+            &image.manifest_desc,
+            Some(&image.manifest_bytes),
             manifest_labels,
             lease,
             None,
         )
         .await?;
-        if let Some((pos, index_bytes)) = &index {
+        if let Some((pos, index_bytes)) = &image.index {
             let labels = HashMap::from([(
                 format!("containerd.io/gc.ref.content.m.{pos}"),
-                manifest_desc.digest.clone(),
+                image.manifest_desc.digest.clone(),
             )]);
-            self.ensure_blob(reg, &top_desc, Some(index_bytes), labels, lease, None)
+            self.ensure_blob(reg, &image.top_desc, Some(index_bytes), labels, lease, None)
                 .await?;
         }
-
-        // 3. Unpack.
-        if snapshots == Snapshots::Unpack {
-            self.unpack(&manifest.layers, &diff_ids, &chain_ids, lease)
-                .await?;
-        }
-
-        // 4. The image record, last.
-        let name = reg.rr.pinned();
-        self.ensure_record(&name, &top_desc, lease).await?;
-        Ok(PulledImage {
-            name,
-            target_media_type: top_type,
-            manifest_digest: manifest_desc.digest,
-            chain_ids,
-        })
+        Ok(())
     }
 
     /// The platform manifest in an index: `(position, descriptor)`, for this client's platform.
@@ -332,4 +359,18 @@ impl GrpcContainerd {
             .map_err(|s| grpc_failed(&format!("update image {name}"), &s))?;
         Ok(())
     }
+}
+
+/// An image as its registry describes it, before any of it is stored.
+struct Resolved {
+    /// The pinned object (an index or a manifest) and, for an index, this platform's
+    /// position in it and its bytes.
+    top_desc: Descriptor,
+    index: Option<(usize, Vec<u8>)>,
+    manifest_desc: Descriptor,
+    manifest_bytes: Vec<u8>,
+    manifest: Manifest,
+    config_bytes: Vec<u8>,
+    diff_ids: Vec<String>,
+    chain_ids: Vec<String>,
 }
