@@ -105,24 +105,7 @@ where
         .flatten()
         .collect(),
     );
-    let mut owner = Owner {
-        live,
-        runner,
-        client: client.clone(),
-        node_name: config.node_name.clone(),
-        ops: BTreeMap::new(),
-        node: None,
-        machine: None,
-        told_waiting: Default::default(),
-        stale: Default::default(),
-        last_observed: None,
-        repave_pause: super::repave_pause::RepavePause::new(config.repave_retry),
-        health: Health::new(config.etc.clone()),
-        counters: config.counters.clone(),
-        unconfirmed: false,
-        inbox: None,
-        deferred: Default::default(),
-    };
+    let mut owner = Owner::new(&config, client.clone(), runner, live);
     // A step of long effects (a repave: unpack, start, the wait for the kubelet) keeps the
     // watchdog fed, and during start-up the start timeout extended, while it makes progress;
     // a wedged loop still gets the agent restarted (liveness.rs).
@@ -179,17 +162,7 @@ where
         }
         let state = owner.runner.state()?;
         owner.say(&state);
-        // Nothing waits on time: the clock takes the wall clock as it is (src/reconcile/clock.rs).
-        if state.deadline().is_none() {
-            owner.runner.clock.follow_wall();
-        } else if let Some(drift_ms) = owner.runner.clock.jumped() {
-            tracing::warn!(
-                drift_ms,
-                deadline = %state.deadline().map(|d| d.rfc3339()).unwrap_or_default(),
-                "the wall clock moved against the monotonic clock; deadlines keep to the \
-                 monotonic clock until the node is at rest"
-            );
-        }
+        owner.keep_clock(&state);
         // After a reset the agent's units are gone; so is the daemon.
         if matches!(state, NodeState::Unjoined { .. }) {
             tracing::info!("the node was reset; the daemon stops");
@@ -266,6 +239,48 @@ impl Drop for AbortOnDrop {
 }
 
 impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
+    fn new(
+        config: &DaemonConfig,
+        client: Client,
+        runner: KubeRunner<S, C, H>,
+        live: Arc<super::live::Live>,
+    ) -> Self {
+        Self {
+            live,
+            runner,
+            client,
+            node_name: config.node_name.clone(),
+            ops: BTreeMap::new(),
+            node: None,
+            machine: None,
+            told_waiting: Default::default(),
+            stale: Default::default(),
+            last_observed: None,
+            repave_pause: super::repave_pause::RepavePause::new(config.repave_retry),
+            health: Health::new(config.etc.clone()),
+            counters: config.counters.clone(),
+            unconfirmed: false,
+            inbox: None,
+            deferred: Default::default(),
+        }
+    }
+
+    /// Nothing waits on time: the clock takes the wall clock as it is; while something
+    /// does, a jump of the wall clock is told and deadlines keep to the monotonic clock
+    /// (src/reconcile/clock.rs).
+    fn keep_clock(&mut self, state: &NodeState) {
+        if state.deadline().is_none() {
+            self.runner.clock.follow_wall();
+        } else if let Some(drift_ms) = self.runner.clock.jumped() {
+            tracing::warn!(
+                drift_ms,
+                deadline = %state.deadline().map(|d| d.rfc3339()).unwrap_or_default(),
+                "the wall clock moved against the monotonic clock; deadlines keep to the \
+                 monotonic clock until the node is at rest"
+            );
+        }
+    }
+
     /// Finishes what a crash interrupted, publishes what waits, judges a pending hand-off:
     /// before any new work is claimed. A store that cannot be written is waited for (then
     /// systemd is told the agent runs, so it is neither killed for a slow start nor
