@@ -211,7 +211,9 @@ def handoff_table(h):
             row("— switch (`current` link, `last-good`) and the restart timer scheduled", "switch"),
             row("— the restart timer (delay, accuracy, the transient service's `busctl` calls) until systemd stops the old daemon", "timer"),
             row("— the old daemon's stop (SIGTERM → exit)", "stop"),
-            row("— the new daemon's start: exec → its first line (configuration, TLS client, D-Bus, store)", "start"),
+            row("— the new daemon's start: the old one's exit → the new one's first line", "start"),
+            row(f"—— systemd: the fork, the unit's mount sandbox ({h['mounts']} mounts in the container), the exec", "unit_start"),
+            row("—— the daemon's own start-up (`init_ms` of its first line: configuration, TLS client, D-Bus, store)", "init"),
             row("— the judgement (`DaemonStarted`)", "judge"),
             row("— the result published → `READY=1` (`Started`)", "publish"),
             row(f"staging ({h['archive_bytes'] / 1e6:.1f} MB archive, {h['binary_bytes'] / 1e6:.1f} MB binary; "

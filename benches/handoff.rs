@@ -4,8 +4,12 @@
 //! row (blue → green → blue …) from an archive of the same build on loopback HTTP. Each
 //! upgrade's moments come from the container's journal; the medians go to `--out`.
 //!
-//! `cargo bench --bench handoff -- --bin PATH [--runs N] [--out FILE]`: PATH is the agent
-//! joined and archived (`bench/run` gives the release build).
+//! `cargo bench --bench handoff -- --bin PATH [--runs N] [--out FILE] [--unsandboxed]
+//! [--extra-mounts N]`: PATH is the agent joined and archived (`bench/run` gives the release
+//! build). The new daemon's start is mostly systemd building the agent unit's sandbox, whose
+//! cost grows with the mounts the host has (docs/benchmarks.md): `--unsandboxed` lifts the
+//! unit's mount sandbox by a drop-in, `--extra-mounts N` adds N tmpfs mounts to the container
+//! first; the result records the container's mount count either way.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -24,6 +28,9 @@ fn main() {
     let bin = PathBuf::from(flag("--bin").expect("--bin PATH: the agent to join and upgrade"));
     let out = PathBuf::from(flag("--out").unwrap_or_else(|| "handoff.json".into()));
     let runs: usize = flag("--runs").map_or(7, |r| r.parse().expect("--runs N"));
+    let extra_mounts: usize =
+        flag("--extra-mounts").map_or(0, |n| n.parse().expect("--extra-mounts N"));
+    let unsandboxed = std::env::args().any(|a| a == "--unsandboxed");
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let lab = Lab::up();
     apply_rbac(&lab);
@@ -42,6 +49,21 @@ fn main() {
         &bin,
     );
     let url = server.url(&archive);
+    if unsandboxed {
+        lift_sandbox(&node);
+    }
+    for i in 0..extra_mounts {
+        let dir = format!("/run/bench-mount-{i}");
+        for cmd in [
+            &["mkdir", "-p", &dir][..],
+            &["mount", "-t", "tmpfs", "none", &dir],
+        ] {
+            let out = node.container.exec(cmd);
+            assert!(out.status.success(), "{cmd:?}: {out:?}");
+        }
+    }
+    let mounts = node.container.exec(&["cat", "/proc/1/mountinfo"]);
+    let mounts = String::from_utf8_lossy(&mounts.stdout).lines().count();
 
     let mut all: Vec<Handoff> = vec![];
     for i in 0..runs {
@@ -65,6 +87,8 @@ fn main() {
         "runs": runs,
         "binary_bytes": binary_bytes,
         "archive_bytes": archive_bytes,
+        "mounts": mounts,
+        "sandboxed": !unsandboxed,
     });
     for (i, (name, _)) in all[0].spans().iter().enumerate() {
         let v: Vec<f64> = all.iter().map(|h| h.spans()[i].1).collect();
@@ -76,4 +100,20 @@ fn main() {
     )
     .expect("write the results");
     println!("handoff: results in {}", out.display());
+}
+
+/// The agent unit without its mount sandbox (a drop-in after the unit's own), the rest kept:
+/// what systemd's namespace set-up costs the start.
+fn lift_sandbox(node: &HostNode) {
+    let dir = node.container.units.join("flexnode-agent.service.d");
+    std::fs::create_dir_all(&dir).expect("the drop-in directory");
+    std::fs::write(
+        dir.join("zz-bench-unsandboxed.conf"),
+        "[Service]\nProtectSystem=no\nReadWritePaths=\nPrivateTmp=no\nProtectHome=no\n\
+         PrivateDevices=no\nPrivateMounts=no\nProtectKernelTunables=no\nProtectKernelLogs=no\n\
+         ProtectControlGroups=no\nProtectClock=no\nProtectHostname=no\nProtectProc=default\n",
+    )
+    .expect("write the drop-in");
+    let out = node.container.exec(&["systemctl", "daemon-reload"]);
+    assert!(out.status.success(), "daemon-reload: {out:?}");
 }

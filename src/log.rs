@@ -20,8 +20,18 @@ use tracing_subscriber::{EnvFilter, Registry};
 /// The prefix of every field this process adds to its journal entries.
 const FIELD_PREFIX: &str = "FLEXNODE_";
 
+/// When this process began logging (just after its arguments were parsed).
+static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+/// How long since [`init`]: the daemon's first line reports its own start-up with it, so a
+/// hand-off's start splits into systemd's part and the daemon's (docs/benchmarks.md).
+pub fn since_start() -> std::time::Duration {
+    STARTED.get().map(|t| t.elapsed()).unwrap_or_default()
+}
+
 /// Installs the process's subscriber; `level` applies unless `RUST_LOG` says otherwise.
 pub fn init(level: &str) {
+    let _ = STARTED.set(std::time::Instant::now());
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
     if libsystemd::logging::connected_to_journal() {
         Registry::default().with(filter).with(Journal(send)).init();

@@ -491,8 +491,13 @@ find /opt /usr/local -mindepth 1 \( -type f -o -name '*flexnode*' \) | sed 's/^/
             lab.provision(kubelet=False)
             self.rejoined("base")
             j = lab.journal_after(cursor, "-u flexnode-bootstrap -o cat")
-            need("connection refused" in j or "connection reset" in j or "failed" in j,
-                 "the bootstrap's pull did not fail: the registry answered")
+            # The pull's own error (ctr's resolve of the image at the registry), not any
+            # line that says "failed".
+            pulls = [line for line in j.splitlines()
+                     if "failed to resolve reference" in line and lab.reg in line
+                     and any(why in line for why in ("connection refused", "connection reset", "EOF"))]
+            need(pulls, "the bootstrap's pull did not fail to reach %s: %s" % (lab.reg, j[-2000:]))
+            detail("the pull failed: %s" % pulls[0][-300:])
         finally:
             lab.registry("start")
 

@@ -119,7 +119,12 @@ async fn on_host(state: &Path, args: &DaemonArgs) -> Result<(), Failure> {
             _ = int.recv() => tracing::info!("SIGINT: stopping"),
         }
     };
-    tracing::info!(node = %config.node_name, build = %running, "flexnode daemon starting");
+    tracing::info!(
+        node = %config.node_name,
+        build = %running,
+        init_ms = (crate::log::since_start().as_secs_f64() * 10_000.0).round() / 10.0,
+        "flexnode daemon starting"
+    );
     let ran = crate::reconcile::run(
         DaemonConfig {
             node_name: config.node_name,

@@ -25,6 +25,7 @@ use crate::machine::input::JoinRequest;
 use crate::machine::state::Goal;
 use crate::machine::{Input, NodeState};
 use crate::reconcile::{client_from_kubeconfig, health};
+use crate::store::StoreError;
 use kube::api::{Api, PostParams};
 use std::path::Path;
 use std::process::ExitCode;
@@ -96,6 +97,7 @@ async fn join(state: &Path, path: &Path) -> Result<(), Failure> {
     wiring::require_root("join")?;
     preflight(&config)?;
     writable(state)?;
+    after_any_reset(state).await?;
     let client = client_from_kubeconfig(&config.kubeconfig)
         .await
         .map_err(|e| {
@@ -264,6 +266,37 @@ fn remove_bootstrap_inputs(config: &Path) -> Result<(), Failure> {
         println!("flexnode: removed the bootstrap inputs ({BOOTSTRAP_DIR})");
     }
     Ok(())
+}
+
+/// A reset still under way finishes before the join: its operation reads `Complete` before
+/// the agent has uninstalled itself, and a join meanwhile would install what the reset then
+/// removes (and start an agent whose binary is gone). The agent finishing it holds the store;
+/// a reset that no process is finishing (interrupted) is `flexnode reset`'s to finish.
+async fn after_any_reset(state: &Path) -> Result<(), Failure> {
+    let resetting = || -> Result<Option<NodeState>, Failure> {
+        Ok(wiring::current_state(state)
+            .map_err(|e| wiring::store_failure(e, state))?
+            .filter(|s| matches!(s, NodeState::Resetting { .. })))
+    };
+    if resetting()?.is_none() {
+        return Ok(());
+    }
+    println!("flexnode: a reset is under way; waiting for it to finish");
+    wiring::wait_until_store_free(state)
+        .await
+        .map_err(|e| match e {
+            StoreError::Locked(_) => Failure::failed(format!(
+                "the reset under way still holds {}; join again once it has finished",
+                state.display()
+            )),
+            e => wiring::store_failure(e, state),
+        })?;
+    match resetting()? {
+        None => Ok(()),
+        Some(s) => Err(Failure::failed(format!(
+            "a reset was interrupted (state {s}); `flexnode reset --yes` finishes it, then join again"
+        ))),
+    }
 }
 
 /// The node this host is joined as, and its install mode; a join still under way (a crashed

@@ -223,6 +223,14 @@ pub async fn agent_command_runner(
     command_runner(store, node_name, client, fx).await
 }
 
+/// Waits, with reset's and recovery's patience, until no process holds the store (the agent
+/// finishing a reset), without keeping it.
+pub async fn wait_until_store_free(state: &Path) -> Result<(), StoreError> {
+    Store::open_waiting(state, COMMAND_STORE_PATIENCE)
+        .await
+        .map(drop)
+}
+
 /// Which installed build this process is, or `None` when it runs from elsewhere (a copy the
 /// operator runs `join` from). In a container: the image its unit names (`AGENT_IMAGE_VAR`).
 pub fn running() -> Option<AgentBuild> {

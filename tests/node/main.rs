@@ -7,6 +7,7 @@ mod support;
 
 mod host_bad_env;
 mod host_handoff;
+mod host_rejoin;
 mod host_security;
 mod kubelet_bootstrap;
 mod qemu_tier;
