@@ -58,7 +58,6 @@ where
         effect: &Effect,
         resumed: Option<Timestamp>,
     ) -> EffectResult {
-        let now = self.clock.now();
         let fx = &self.effects;
         match effect {
             Effect::ReportProgress {
@@ -100,63 +99,9 @@ where
             Effect::InstallAgent { mode, build } => fx.host.install_agent(*mode, build).await,
             Effect::WriteUnits { mode } => write_units(&fx.systemd, *mode).await.map(drop),
             Effect::StartAgent => start_agent(&fx.systemd).await,
-            // The fstab first: a crash after it still leaves no swap at the next boot.
-            Effect::DisableSwap => {
-                fx.host.comment_out_swap().await?;
-                let units = fx.systemd.swap_units().await?;
-                for unit in &units {
-                    fx.systemd.mask(unit).await?;
-                    fx.systemd.stop(unit).await?;
-                }
-                if units.is_empty() {
-                    return Ok(());
-                }
-                tracing::info!(?units, "swap off: units stopped and masked");
-                fx.systemd.daemon_reload().await
-            }
-            Effect::StageAgent { target, candidate } => {
-                match target {
-                    UpgradeTarget::Archive { url, sha256 } => {
-                        fx.host.stage_archive(url, sha256, candidate).await?;
-                    }
-                    UpgradeTarget::Image { image, digest } => {
-                        if !fx.containerd.image_present(digest).await? {
-                            fx.containerd.pull(&image.pinned(digest), digest).await?;
-                        }
-                        // Only images recorded here are ever removed; an image someone else
-                        // pulled stays theirs (containerd keeps their record).
-                        if fx.containerd.image_present(digest).await? {
-                            self.store
-                                .record_agent_image(digest.as_str(), &image.pinned(digest), now)
-                                .map_err(store_failed)?;
-                        }
-                        fx.containerd.name_agent_image(digest).await?;
-                    }
-                }
-                let version = match candidate {
-                    AgentBuild::Slot { slot } => fx.host.check_candidate(*slot).await?,
-                    AgentBuild::Image { digest } => fx.containerd.check_image(digest).await?,
-                };
-                tracing::info!(%candidate, %version, "candidate staged");
-                Ok(())
-            }
-            Effect::DiscardCandidate { candidate } => {
-                fx.host.discard_candidate(candidate).await?;
-                match candidate {
-                    AgentBuild::Image { digest }
-                        if self
-                            .store
-                            .is_agent_image(digest.as_str())
-                            .map_err(store_failed)? =>
-                    {
-                        fx.containerd.remove_agent_image(digest).await?;
-                        self.store
-                            .forget_agent_image(digest.as_str())
-                            .map_err(store_failed)
-                    }
-                    AgentBuild::Image { .. } | AgentBuild::Slot { .. } => Ok(()),
-                }
-            }
+            Effect::DisableSwap => self.disable_swap().await,
+            Effect::StageAgent { target, candidate } => self.stage_agent(target, candidate).await,
+            Effect::DiscardCandidate { candidate } => self.discard_candidate(candidate).await,
             Effect::SwitchAgent {
                 mode,
                 to,
@@ -180,37 +125,12 @@ where
                 self.restart_requested = true;
                 Ok(())
             }
-            // The restart matters, not the failed state: it goes ahead when resetting that
-            // fails (domain.md §7.1.8).
-            Effect::RestartAgent => {
-                match fx.systemd.reset_failed(AGENT_UNIT).await {
-                    Err(EffectError::Failed(message)) => tracing::warn!(
-                        %message,
-                        "the agent's failed state was not reset; restarting it all the same"
-                    ),
-                    other => other?,
-                }
-                fx.systemd.restart_no_wait(AGENT_UNIT).await?;
-                self.restart_requested = true;
-                Ok(())
-            }
+            Effect::RestartAgent => self.restart_agent().await,
             Effect::ProvisionMachine {
                 side,
                 kubernetes_version,
             } => self.provision_machine(*side, kubernetes_version).await,
-            // Enabled too, so the machine comes back when the host boots. The reload loads
-            // the machine's drop-in (`ProvisionMachine`): systemd does not count a new drop-in
-            // directory as a reload due, so one written before a crash would go unnoticed.
-            Effect::StartMachine { side } => {
-                let unit = machine_unit(*side);
-                fx.host.load_kernel_modules().await?;
-                fx.systemd.enable(&unit).await?;
-                if fx.systemd.machine_status(*side).await?.running {
-                    return Ok(());
-                }
-                fx.systemd.daemon_reload().await?;
-                fx.systemd.start(&unit).await
-            }
+            Effect::StartMachine { side } => self.start_machine(*side).await,
             Effect::AwaitNode { side } => self.await_node(*side).await,
             Effect::StopMachine { side } => self.stop_machine(*side).await,
             Effect::RestartMachine { side, not_before } => {
@@ -221,38 +141,144 @@ where
                 fx.systemd.restart(&machine_unit(*side)).await
             }
             Effect::RemoveMachine { side } => self.remove_machine(*side).await,
-            Effect::WipeNode => {
-                for side in [Side::Kube1, Side::Kube2] {
-                    self.remove_machine(side).await?;
-                }
-                if fx.host.runtime_present().await? {
-                    fx.host.wipe_runtime().await?;
-                }
-                Ok(())
+            Effect::WipeNode => self.wipe_node().await,
+            Effect::UninstallAgent => self.uninstall_agent().await,
+        }
+    }
+
+    /// The fstab first: a crash after it still leaves no swap at the next boot.
+    async fn disable_swap(&self) -> EffectResult {
+        let fx = &self.effects;
+        fx.host.comment_out_swap().await?;
+        let units = fx.systemd.swap_units().await?;
+        for unit in &units {
+            fx.systemd.mask(unit).await?;
+            fx.systemd.stop(unit).await?;
+        }
+        if units.is_empty() {
+            return Ok(());
+        }
+        tracing::info!(?units, "swap off: units stopped and masked");
+        fx.systemd.daemon_reload().await
+    }
+
+    /// The candidate fetched (an archive into its slot, an image pulled and named) and run
+    /// once for its version.
+    async fn stage_agent(
+        &mut self,
+        target: &UpgradeTarget,
+        candidate: &AgentBuild,
+    ) -> EffectResult {
+        let now = self.clock.now();
+        let fx = &self.effects;
+        match target {
+            UpgradeTarget::Archive { url, sha256 } => {
+                fx.host.stage_archive(url, sha256, candidate).await?;
             }
-            // The bootstrap unit goes first (it would re-join), the agent unit last.
-            Effect::UninstallAgent => {
-                self.disable_unit(BOOTSTRAP_UNIT).await?;
-                self.stop_unit(BOOTSTRAP_UNIT).await?;
-                self.disable_unit(AGENT_UNIT).await?;
-                for unit in [BOOTSTRAP_UNIT, RECOVERY_UNIT, RESET_UNIT, AGENT_UNIT] {
-                    if fx.systemd.unit_file_present(unit).await? {
-                        fx.systemd.remove_unit(unit).await?;
-                    }
+            UpgradeTarget::Image { image, digest } => {
+                if !fx.containerd.image_present(digest).await? {
+                    fx.containerd.pull(&image.pinned(digest), digest).await?;
                 }
-                fx.systemd.daemon_reload().await?;
-                if fx.host.agent_links_present().await? {
-                    fx.host.remove_agent_links().await?;
+                // Only images recorded here are ever removed; an image someone else
+                // pulled stays theirs (containerd keeps their record).
+                if fx.containerd.image_present(digest).await? {
+                    self.store
+                        .record_agent_image(digest.as_str(), &image.pinned(digest), now)
+                        .map_err(store_failed)?;
                 }
-                // The daemon is the agent unit's process: a stop job would wait for its own
-                // death. It exits once this step is recorded (the node is Unjoined then), which
-                // leaves the unit inactive and, without its file, gone.
-                if self.daemon {
-                    return Ok(());
-                }
-                self.stop_unit(AGENT_UNIT).await
+                fx.containerd.name_agent_image(digest).await?;
             }
         }
+        let version = match candidate {
+            AgentBuild::Slot { slot } => fx.host.check_candidate(*slot).await?,
+            AgentBuild::Image { digest } => fx.containerd.check_image(digest).await?,
+        };
+        tracing::info!(%candidate, %version, "candidate staged");
+        Ok(())
+    }
+
+    /// The candidate's files gone, and its image too when this agent pulled it.
+    async fn discard_candidate(&mut self, candidate: &AgentBuild) -> EffectResult {
+        let fx = &self.effects;
+        fx.host.discard_candidate(candidate).await?;
+        match candidate {
+            AgentBuild::Image { digest }
+                if self
+                    .store
+                    .is_agent_image(digest.as_str())
+                    .map_err(store_failed)? =>
+            {
+                fx.containerd.remove_agent_image(digest).await?;
+                self.store
+                    .forget_agent_image(digest.as_str())
+                    .map_err(store_failed)
+            }
+            AgentBuild::Image { .. } | AgentBuild::Slot { .. } => Ok(()),
+        }
+    }
+
+    /// The restart matters, not the failed state: it goes ahead when resetting that fails.
+    async fn restart_agent(&mut self) -> EffectResult {
+        let fx = &self.effects;
+        match fx.systemd.reset_failed(AGENT_UNIT).await {
+            Err(EffectError::Failed(message)) => tracing::warn!(
+                %message,
+                "the agent's failed state was not reset; restarting it all the same"
+            ),
+            other => other?,
+        }
+        fx.systemd.restart_no_wait(AGENT_UNIT).await?;
+        self.restart_requested = true;
+        Ok(())
+    }
+
+    /// Enabled too, so the machine comes back when the host boots. The reload loads the
+    /// machine's drop-in (`ProvisionMachine`): systemd does not count a new drop-in directory
+    /// as a reload due, so one written before a crash would go unnoticed.
+    async fn start_machine(&self, side: Side) -> EffectResult {
+        let fx = &self.effects;
+        let unit = machine_unit(side);
+        fx.host.load_kernel_modules().await?;
+        fx.systemd.enable(&unit).await?;
+        if fx.systemd.machine_status(side).await?.running {
+            return Ok(());
+        }
+        fx.systemd.daemon_reload().await?;
+        fx.systemd.start(&unit).await
+    }
+
+    async fn wipe_node(&self) -> EffectResult {
+        for side in [Side::Kube1, Side::Kube2] {
+            self.remove_machine(side).await?;
+        }
+        if self.effects.host.runtime_present().await? {
+            self.effects.host.wipe_runtime().await?;
+        }
+        Ok(())
+    }
+
+    /// The bootstrap unit goes first (it would re-join), the agent unit last.
+    async fn uninstall_agent(&self) -> EffectResult {
+        let fx = &self.effects;
+        self.disable_unit(BOOTSTRAP_UNIT).await?;
+        self.stop_unit(BOOTSTRAP_UNIT).await?;
+        self.disable_unit(AGENT_UNIT).await?;
+        for unit in [BOOTSTRAP_UNIT, RECOVERY_UNIT, RESET_UNIT, AGENT_UNIT] {
+            if fx.systemd.unit_file_present(unit).await? {
+                fx.systemd.remove_unit(unit).await?;
+            }
+        }
+        fx.systemd.daemon_reload().await?;
+        if fx.host.agent_links_present().await? {
+            fx.host.remove_agent_links().await?;
+        }
+        // The daemon is the agent unit's process: a stop job would wait for its own death. It
+        // exits once this step is recorded (the node is Unjoined then), which leaves the unit
+        // inactive and, without its file, gone.
+        if self.daemon {
+            return Ok(());
+        }
+        self.stop_unit(AGENT_UNIT).await
     }
 
     /// The agent unit's current run began after `intent`: the restart happened (a daemon
