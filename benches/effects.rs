@@ -23,7 +23,7 @@ mod common;
 use common::{cache_dir, median};
 use flexnode::effects::systemd::DbusSystemd;
 use flexnode::effects::{Containerd, Systemd};
-use flexnode::machine::Timestamp;
+use flexnode::lifecycle::Timestamp;
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use support::containerd::{Flavor, NS, Tier, snapshotter};
@@ -129,7 +129,7 @@ async fn agent_image_pull_and_check() {
         &format!("{}/flexnode/agent:bench", secure.basic),
         Some(&secure),
     );
-    let index = flexnode::machine::agent::Sha256Hex::parse(&digest).expect("digest");
+    let index = flexnode::lifecycle::agent::Sha256Hex::parse(&digest).expect("digest");
     let agent = tier
         .grpc(secure.registry_config())
         .await
@@ -174,7 +174,7 @@ async fn node_image_pull_and_unpack() {
         &format!("{}/lab/node:bench", secure.basic),
         Some(&secure),
     );
-    let index = flexnode::machine::agent::Sha256Hex::parse(&digest).expect("digest");
+    let index = flexnode::lifecycle::agent::Sha256Hex::parse(&digest).expect("digest");
     let agent = tier.grpc(secure.registry_config()).await;
     let reference = format!("{}/lab/node@{digest}", secure.token);
     let (mut pulls, mut unpacks) = (Vec::new(), Vec::new());

@@ -28,8 +28,9 @@ mod common;
 
 use common::flag;
 use flexnode::api::machine_operation::{MachineOperation, OperationPhase};
-use flexnode::machine::agent::InstallMode;
-use flexnode::reconcile::{DaemonConfig, OperationWatch, WatchCounters, client_from_kubeconfig};
+use flexnode::config::kubeconfig::client_from_kubeconfig;
+use flexnode::lifecycle::agent::InstallMode;
+use flexnode::reconcile::{DaemonConfig, OperationWatch, WatchCounters};
 use futures::StreamExt;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};

@@ -19,7 +19,7 @@ mod support;
 mod common;
 
 use common::{cache_dir, flag, median};
-use flexnode::machine::{Effect, Input, NodeState, Timestamp};
+use flexnode::lifecycle::{Effect, Input, NodeState, Timestamp};
 use flexnode::store::Store;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};

@@ -16,7 +16,7 @@ mod common;
 
 use common::{cache_dir, flag, median};
 use flexnode::effects::archive::ArchiveFetcher;
-use flexnode::machine::agent::{Arch, ArchiveUrl, Sha256Hex};
+use flexnode::lifecycle::agent::{Arch, ArchiveUrl, Sha256Hex};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -4,12 +4,12 @@
 //!
 //!     cargo run --example simulated-lab [-- STORE_DIR]
 
-use flexnode::machine::Timestamp;
-use flexnode::machine::agent::InstallMode;
-use flexnode::machine::input::ClaimKind;
-use flexnode::report;
+use flexnode::lifecycle::Timestamp;
+use flexnode::lifecycle::agent::InstallMode;
+use flexnode::lifecycle::input::ClaimKind;
 use flexnode::sim::Build;
 use flexnode::sim::{SimNode, upgrade};
+use flexnode::status_report;
 use flexnode::store::StoreReader;
 use std::path::{Path, PathBuf};
 
@@ -21,7 +21,10 @@ const BROKEN_SHA: &str = "60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f
 fn show(title: &str, store: &Path) -> anyhow::Result<()> {
     println!("\n=== {title}\n$ flexnode status");
     let reader = StoreReader::open(store)?;
-    print!("{}", report::render_human(&report::build(&reader)?));
+    print!(
+        "{}",
+        status_report::render_human(&status_report::build(&reader)?)
+    );
     Ok(())
 }
 
@@ -89,7 +92,7 @@ async fn main() -> anyhow::Result<()> {
     println!("\n$ flexnode history");
     let reader = StoreReader::open(&store)?;
     for e in reader.journal(100)? {
-        println!("{}", report::journal_line(&e));
+        println!("{}", status_report::journal_line(&e));
     }
     println!("\nStatus writes the simulated API server received:");
     for (op, r) in node.host.results() {

@@ -8,7 +8,7 @@
 
 use crate::config::{AgentImage, Config, ConfigFile};
 use crate::effects::containerd::basic_credentials;
-use crate::machine::agent::InstallMode;
+use crate::lifecycle::agent::InstallMode;
 use crate::units;
 use base64::Engine;
 use serde::Serialize;

@@ -1,7 +1,8 @@
 //! flexnode: a node agent that joins a Linux host to Kubernetes and runs its lifecycle.
 //!
-//! `machine` is the pure core; `store` its durable memory; `effects` the traits over the host
-//! and API server (with a simulated host); `exec` drives the core through them.
+//! `lifecycle` is the pure core (the node's states and transitions); `store` its durable
+//! memory; `effects` the traits over the host and API server (with a simulated host); `exec`
+//! drives the core through them.
 /// The version this build reports (`flexnode version`, User-Agent). `FLEXNODE_VERSION` at
 /// build time overrides the crate version: the e2e lab builds a second, distinguishable
 /// build to upgrade to.
@@ -16,12 +17,12 @@ pub mod config;
 pub mod effects;
 pub mod exec;
 pub mod ignition;
+pub mod lifecycle;
 pub mod log;
-pub mod machine;
 pub mod metrics;
 pub mod reconcile;
-pub mod report;
 pub mod sim;
+pub mod status_report;
 pub mod store;
 pub mod text;
 pub mod units;

@@ -1,4 +1,4 @@
-//! The daemon's Prometheus metrics (`flexnode_…`, served by `src/reconcile/metrics.rs` when
+//! The daemon's Prometheus metrics (`flexnode_…`, served by `src/reconcile/metrics_server.rs` when
 //! the configuration names an address). One registry per process, so each layer records
 //! where the event happens — the executor its transitions, the store its commits, the watches
 //! their reconnects, the status writer its API contact — without a handle threaded through.

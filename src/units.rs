@@ -3,7 +3,7 @@
 
 use crate::effects::EffectResult;
 use crate::effects::fs::{read_small, write_file_atomic};
-use crate::machine::agent::InstallMode;
+use crate::lifecycle::agent::InstallMode;
 use std::path::Path;
 
 /// What every unit's `Documentation=` names, in both install modes (`units/README.md`): written

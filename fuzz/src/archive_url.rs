@@ -1,6 +1,6 @@
 //! Target `archive_url`: a host install's download URL and the redirects a server answers
-//! with: the validation (`src/machine/validate.rs`), the one redaction (`redact_url` in
-//! `src/machine/agent.rs`, which `flexnode op get` applies to whatever the cluster holds), and
+//! with: the validation (`src/lifecycle/validate.rs`), the one redaction (`redact_url` in
+//! `src/lifecycle/agent.rs`, which `flexnode op get` applies to whatever the cluster holds), and
 //! the redirect policy (`src/effects/http.rs:redirect_target`).
 //!
 //! Input: the URL, then (next line) a redirect's `Location`.
@@ -10,8 +10,8 @@ use flexnode::api::MachineOperation;
 use flexnode::api::machine_operation::{MachineOperationSpec, OperationKind};
 use flexnode::cli::op::show::{human, redacted};
 use flexnode::effects::http::redirect_target;
-use flexnode::machine::agent::{Arch, InstallMode, UpgradeTarget, redact_url};
-use flexnode::machine::validate::{PARAM_SHA256, PARAM_URL, validate_upgrade};
+use flexnode::lifecycle::agent::{Arch, InstallMode, UpgradeTarget, redact_url};
+use flexnode::lifecycle::validate::{PARAM_SHA256, PARAM_URL, validate_upgrade};
 use std::collections::BTreeMap;
 use std::path::Path;
 

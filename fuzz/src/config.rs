@@ -8,7 +8,7 @@
 
 use crate::common::{MARKER, Outcome, text};
 use flexnode::config::{Config, ConfigFile, is_dns_subdomain};
-use flexnode::machine::agent::InstallMode;
+use flexnode::lifecycle::agent::InstallMode;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 

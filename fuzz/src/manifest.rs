@@ -14,7 +14,7 @@ use flexnode::effects::containerd::{
     MEDIA_DOCKER_LIST, MEDIA_DOCKER_MANIFEST, MEDIA_OCI_INDEX, MEDIA_OCI_MANIFEST,
     basic_credentials,
 };
-use flexnode::machine::agent::Sha256Hex;
+use flexnode::lifecycle::agent::Sha256Hex;
 use std::path::Path;
 
 const DIGEST: &str = "sha256:abababababababababababababababababababababababababababababababab";

@@ -1,5 +1,5 @@
 //! Target `oci_ref`: `oci://` references as AgentUpgrade and the configuration name images
-//! (`src/machine/validate.rs:parse_oci_url`). What the validation accepts, the pull must
+//! (`src/lifecycle/validate.rs:parse_oci_url`). What the validation accepts, the pull must
 //! accept as the same image (`RegistryRef::parse` and oci-client's reference in
 //! `src/effects/containerd/registry.rs`), and its rendering reads back as itself.
 //!
@@ -7,8 +7,8 @@
 
 use crate::common::{MARKER, Outcome, assert_hidden, text};
 use flexnode::effects::containerd::registry::{RegistryRef, reference};
-use flexnode::machine::agent::{ImageRef, Sha256Hex};
-use flexnode::machine::validate::parse_oci_url;
+use flexnode::lifecycle::agent::{ImageRef, Sha256Hex};
+use flexnode::lifecycle::validate::parse_oci_url;
 use std::path::Path;
 
 const DIGEST: &str = "abababababababababababababababababababababababababababababababab";

@@ -4,7 +4,7 @@
 //! Secrets are planted as [`MARKER`].
 
 use crate::common::MARKER;
-use flexnode::machine::agent::InstallMode;
+use flexnode::lifecycle::agent::InstallMode;
 use flexnode::sim::{Build, SimNode, upgrade};
 use std::io::Write;
 
@@ -276,7 +276,7 @@ fn store() -> Vec<Seed> {
         // The store makes its directory itself (0700).
         let path = dir.join(name).join("state.db");
         rt.block_on(async {
-            let mut node = SimNode::new(&path, flexnode::machine::table::BASE);
+            let mut node = SimNode::new(&path, flexnode::lifecycle::table::BASE);
             if steps == 0 {
                 node.runner().expect("open");
             }
@@ -298,10 +298,10 @@ fn store() -> Vec<Seed> {
                 node.settle().await.expect("settle");
             }
             if steps >= 3 {
-                node.claim("u2", flexnode::machine::input::ClaimKind::NodeReboot)
+                node.claim("u2", flexnode::lifecycle::input::ClaimKind::NodeReboot)
                     .await
                     .expect("reboot");
-                node.claim("u3", flexnode::machine::input::ClaimKind::AgentReset)
+                node.claim("u3", flexnode::lifecycle::input::ClaimKind::AgentReset)
                     .await
                     .expect("reset");
             }

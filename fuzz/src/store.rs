@@ -1,5 +1,5 @@
 //! Target `store`: arbitrary bytes as the database file (`src/store/`), opened as `flexnode
-//! status` opens it (`StoreReader`, then the status report `flexnode::report`) and as the
+//! status` opens it (`StoreReader`, then the status report `flexnode::status_report`) and as the
 //! daemon does (`Store::open`, then what a start reads). Either the store loads, or a typed
 //! error says it is damaged; the writer never opens what the reader calls damaged, never
 //! changes a file it refuses, and never takes a damaged journal for a fresh node.
@@ -7,7 +7,7 @@
 //! Input: the database file.
 
 use crate::common::{Outcome, fresh_dir};
-use flexnode::report;
+use flexnode::status_report;
 use flexnode::store::{Store, StoreError, StoreReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -66,20 +66,20 @@ pub fn check(data: &[u8], scratch: &Path) -> Outcome {
 }
 
 /// What `flexnode status` reads: the state when the store loads.
-fn read(db: &Path) -> Result<Option<flexnode::machine::NodeState>, StoreError> {
+fn read(db: &Path) -> Result<Option<flexnode::lifecycle::NodeState>, StoreError> {
     let reader = StoreReader::open(db)?;
     let loaded = reader.load();
     let _ = reader.journal(50);
     let _ = reader.last_result();
     let _ = reader.node_seen();
-    if let Ok(r) = report::build(&reader) {
-        let _ = report::render_human(&r);
+    if let Ok(r) = status_report::build(&reader) {
+        let _ = status_report::render_human(&r);
         serde_json::to_string(&r).expect("the status report encodes");
     }
     match loaded {
         Ok(p) => {
             let json = serde_json::to_string(&p.state).expect("encode the state");
-            let back: flexnode::machine::NodeState = serde_json::from_str(&json).expect("decode");
+            let back: flexnode::lifecycle::NodeState = serde_json::from_str(&json).expect("decode");
             assert_eq!(back, p.state);
             Ok(Some(p.state))
         }

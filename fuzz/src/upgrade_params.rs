@@ -1,19 +1,19 @@
 //! Target `upgrade_params`: AgentUpgrade parameters as the API server hands them over, through
-//! the validation (`src/machine/validate.rs`) and the pure core's claim and the steps after it
-//! (`flexnode::machine::step`): the journal lines, effects and published results.
+//! the validation (`src/lifecycle/validate.rs`) and the pure core's claim and the steps after it
+//! (`flexnode::lifecycle::step`): the journal lines, effects and published results.
 //!
 //! Input, one field a line: flags (`c` container install, `a` arm64, `u` an unsupported CPU,
 //! `U` no downloadURL, `S` no sha256), downloadURL, sha256, an extra `key=value` parameter.
 
 use crate::common::{MARKER, Outcome, assert_hidden, text};
 use crate::oci_ref::check_image;
-use flexnode::machine::agent::{AgentBuild, Arch, InstallMode, Sha256Hex, Slot, UpgradeTarget};
-use flexnode::machine::input::{Claim, ClaimKind};
-use flexnode::machine::policy::Policy;
-use flexnode::machine::result::ResultReason;
-use flexnode::machine::state::{FinishedOps, Goal, NodeInfo, OpRef, Side};
-use flexnode::machine::validate::{InvalidParameter, PARAM_SHA256, PARAM_URL, validate_upgrade};
-use flexnode::machine::{Effect, Input, NodeState, Step, Timestamp, step};
+use flexnode::lifecycle::agent::{AgentBuild, Arch, InstallMode, Sha256Hex, Slot, UpgradeTarget};
+use flexnode::lifecycle::input::{Claim, ClaimKind};
+use flexnode::lifecycle::policy::Policy;
+use flexnode::lifecycle::result::ResultReason;
+use flexnode::lifecycle::state::{FinishedOps, Goal, NodeInfo, OpRef, Side};
+use flexnode::lifecycle::validate::{InvalidParameter, PARAM_SHA256, PARAM_URL, validate_upgrade};
+use flexnode::lifecycle::{Effect, Input, NodeState, Step, Timestamp, step};
 use std::collections::BTreeMap;
 use std::path::Path;
 

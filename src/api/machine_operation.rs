@@ -95,6 +95,23 @@ pub enum OperationPhase {
     Unknown,
 }
 
+impl OperationPhase {
+    /// `Complete` or `Failed`: the operation runs no more.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Complete | Self::Failed)
+    }
+}
+
+impl MachineOperation {
+    /// Whether its status shows a terminal phase ([`OperationPhase::is_terminal`]).
+    pub fn is_terminal(&self) -> bool {
+        self.status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .is_some_and(OperationPhase::is_terminal)
+    }
+}
+
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MachineOperationStatus {

@@ -31,7 +31,7 @@ fn main() -> anyhow::Result<()> {
     let updated = format!(
         "{}{BEGIN}{}{}",
         &doc[..b],
-        flexnode::machine::table::mermaid(),
+        flexnode::lifecycle::table::mermaid(),
         &doc[e..]
     );
     std::fs::write(&design, updated)?;

@@ -3,14 +3,16 @@
 //! simulated host for labs and demos.
 
 use super::{Failure, wiring};
+use crate::config::kubeconfig::client_from_kubeconfig;
 use crate::effects::host::AGENT_IMAGE_VAR;
 use crate::effects::kube::KubePublisher;
 use crate::exec::{Clock, SystemClock};
-use crate::machine::agent::InstallMode;
-use crate::machine::fault::Fault;
-use crate::reconcile::health;
-use crate::reconcile::{DaemonConfig, client_from_kubeconfig};
+use crate::lifecycle::agent::InstallMode;
+use crate::lifecycle::fault::Fault;
+use crate::reconcile::DaemonConfig;
+use crate::reconcile::fault;
 use crate::sim::SimNode;
+use crate::store::fault::of_store;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -52,11 +54,11 @@ pub fn run(state: &Path, args: DaemonArgs) -> ExitCode {
     }
 }
 
-/// A fault only an operator can end (src/machine/fault.rs): reported on every channel that
+/// A fault only an operator can end (src/lifecycle/fault.rs): reported on every channel that
 /// works (the Machine only with a publisher), then exit 78, which the agent unit does not
 /// restart (`RestartPreventExitStatus=78`).
 async fn refuse(fault: Fault, publisher: Option<&KubePublisher>) -> Failure {
-    health::report(&fault, publisher).await;
+    fault::tell(&fault, publisher).await;
     Failure::config(format!("{fault}; {}", fault.remedy()))
 }
 
@@ -94,7 +96,7 @@ async fn on_host(state: &Path, args: &DaemonArgs) -> Result<(), Failure> {
             fx.systemd,
             // A long pull or unpack is progress too (a repave's, also one resumed at start-up)
             fx.containerd
-                .with_heartbeat(std::sync::Arc::new(crate::reconcile::liveness::progress)),
+                .with_heartbeat(std::sync::Arc::new(crate::reconcile::notify::progress)),
             fx.host,
         ),
         fx.node_images,
@@ -103,7 +105,7 @@ async fn on_host(state: &Path, args: &DaemonArgs) -> Result<(), Failure> {
     {
         Ok(runner) => runner,
         Err(e) => {
-            return Err(match health::of_store(&e, state) {
+            return Err(match of_store(&e, state) {
                 Some(fault) => refuse(fault, Some(&publisher)).await,
                 None => e.into(),
             });
@@ -142,7 +144,7 @@ async fn on_host(state: &Path, args: &DaemonArgs) -> Result<(), Failure> {
     .await;
     match ran {
         Ok(()) => Ok(()),
-        Err(e) => match health::of_daemon(&e, state) {
+        Err(e) => match e.fault(state) {
             // Found while running (a page that fails to read): as at start.
             Some(fault) if fault.kind.needs_operator() => {
                 Err(refuse(fault, Some(&publisher)).await)

@@ -7,6 +7,7 @@ use super::wiring::{self, HostEffects};
 use super::{Failure, impossible};
 use crate::api::Machine;
 use crate::api::machine::{KubernetesSpec, MachineSpec};
+use crate::config::kubeconfig::client_from_kubeconfig;
 use crate::config::{
     BOOTSTRAP_TOKEN_PATH, CONFIG_PATH, Config, ConfigError, KUBECONFIG_PATH,
     REGISTRY_CREDENTIALS_PATH, TRUSTED_CA_PATH,
@@ -19,13 +20,13 @@ use crate::effects::host::{AGENT_IMAGE_VAR, RUNTIME_DIR_MODE};
 use crate::effects::{AGENT_UNIT, Containerd, Systemd};
 use crate::exec::{Fed, start_agent, write_units};
 use crate::ignition::BOOTSTRAP_DIR;
-use crate::machine::agent::{AgentBuild, Arch, InstallMode, Slot};
-use crate::machine::fault::{Fault, FaultKind};
-use crate::machine::input::JoinRequest;
-use crate::machine::state::Goal;
-use crate::machine::{Input, NodeState};
-use crate::reconcile::{client_from_kubeconfig, health};
+use crate::lifecycle::agent::{AgentBuild, Arch, InstallMode, Slot};
+use crate::lifecycle::fault::{Fault, FaultKind};
+use crate::lifecycle::input::JoinRequest;
+use crate::lifecycle::state::Goal;
+use crate::lifecycle::{Input, NodeState};
 use crate::store::StoreError;
+use crate::store::fault::{probe_dir, read_only};
 use kube::api::{Api, PostParams};
 use std::path::Path;
 use std::process::ExitCode;
@@ -243,8 +244,8 @@ fn writable(state: &Path) -> Result<(), Failure> {
         .find(|d| d.exists())
         .unwrap_or(Path::new("/"));
     let found = [
-        health::read_only(&etc).then(|| Fault::new(FaultKind::EtcReadOnly, &etc, "")),
-        health::probe_dir(store_dir).map(|kind| Fault::new(kind, store_dir, "")),
+        read_only(&etc).then(|| Fault::new(FaultKind::EtcReadOnly, &etc, "")),
+        probe_dir(store_dir).map(|kind| Fault::new(kind, store_dir, "")),
     ];
     match found.into_iter().flatten().next() {
         Some(fault) => Err(Failure::failed(format!(
@@ -301,7 +302,7 @@ async fn after_any_reset(state: &Path) -> Result<(), Failure> {
 
 /// The node this host is joined as, and its install mode; a join still under way (a crashed
 /// one) is not joined yet: it is finished from its recorded intent instead. A store it cannot
-/// read is never joined over (exit 78: src/machine/fault.rs says what to do).
+/// read is never joined over (exit 78: src/lifecycle/fault.rs says what to do).
 fn joined_as(state: &Path) -> Result<Option<(String, InstallMode)>, Failure> {
     let current = wiring::current_state(state).map_err(|e| wiring::store_failure(e, state))?;
     // The agent's units without a store: a join would start a node afresh over an install it

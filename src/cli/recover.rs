@@ -5,11 +5,11 @@
 use super::{Failure, wiring};
 use crate::config::CONFIG_PATH;
 use crate::exec::Fed;
-use crate::machine::{Input, NodeState};
+use crate::lifecycle::{Input, NodeState};
 use std::path::Path;
 use std::process::ExitCode;
 
-pub use crate::machine::input::RECOVERY_MESSAGE;
+pub use crate::lifecycle::input::RECOVERY_MESSAGE;
 
 pub fn run(state: &Path, message: &str) -> ExitCode {
     super::block_on("recover-agent-upgrade", recover(state, message))

@@ -10,9 +10,9 @@ use super::{EXIT_USAGE, Failure, wiring};
 use crate::config::CONFIG_PATH;
 use crate::effects::{AGENT_UNIT, Systemd};
 use crate::exec::Fed;
-use crate::machine::fault::{Fault, FaultKind};
-use crate::machine::{Input, NodeState};
-use crate::reconcile::health;
+use crate::lifecycle::fault::{Fault, FaultKind};
+use crate::lifecycle::{Input, NodeState};
+use crate::store::fault::of_store;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -44,7 +44,7 @@ async fn reset(state: &Path) -> Result<(), Failure> {
             return Ok(());
         }
         Ok(None) => Some(Fault::new(FaultKind::StoreMissing, state, "")),
-        Err(e) => match health::of_store(&e, state) {
+        Err(e) => match of_store(&e, state) {
             Some(fault) if fault.kind.needs_operator() => Some(fault),
             _ => return Err(wiring::store_failure(e, state)),
         },

@@ -2,23 +2,24 @@
 //! daemon is stopped (and while it runs: the store has one writer and any number of readers).
 //! Status also looks, without writing anything, at what the agent needs around the store — the
 //! configuration, the store's and `/etc`'s filesystems — and a store it cannot read is
-//! explained, with what to do, instead of shown (src/machine/fault.rs).
+//! explained, with what to do, instead of shown (src/lifecycle/fault.rs).
 
 use super::{EXIT_NO_STORE, Output, json, wiring, yaml};
 use crate::config::CONFIG_PATH;
+use crate::config::Config;
 use crate::effects::AGENT_UNIT;
-use crate::machine::fault::{Fault, Problem};
-use crate::reconcile::health;
-use crate::report::{self, HistoryReport, StatusReport};
+use crate::lifecycle::fault::{Fault, Problem};
+use crate::status_report::{self, HistoryReport, StatusReport};
+use crate::store::fault::{environment, of_store};
 use crate::store::{StoreError, StoreReader};
 use std::path::Path;
 use std::process::ExitCode;
 
 pub fn status(state: &Path, output: Output) -> ExitCode {
     read(state, output, |reader| {
-        let mut report = report::build(reader)?;
+        let mut report = status_report::build(reader)?;
         report.problems = problems(state, report.node.is_some());
-        report.daemon = crate::reconcile::live::ask(state);
+        report.daemon = crate::reconcile::status_socket::ask(state);
         Ok(render(&report, output))
     })
 }
@@ -29,7 +30,7 @@ pub fn history(state: &Path, limit: i64, output: Output) -> ExitCode {
         Ok(match output {
             Output::Human => entries
                 .iter()
-                .map(|e| report::journal_line(e) + "\n")
+                .map(|e| status_report::journal_line(e) + "\n")
                 .collect(),
             Output::Json => json(&HistoryReport::new(entries)),
             Output::Yaml => yaml(&HistoryReport::new(entries)),
@@ -39,7 +40,7 @@ pub fn history(state: &Path, limit: i64, output: Output) -> ExitCode {
 
 fn render(report: &StatusReport, output: Output) -> String {
     match output {
-        Output::Human => report::render_human(report),
+        Output::Human => status_report::render_human(report),
         Output::Json => json(report),
         Output::Yaml => yaml(report),
     }
@@ -48,8 +49,8 @@ fn render(report: &StatusReport, output: Output) -> String {
 /// What a look around finds wrong for a joined node: its configuration, and the store's and
 /// `/etc`'s filesystems.
 fn problems(state: &Path, joined: bool) -> Vec<Problem> {
-    let mut found = health::environment(state, &wiring::on_host("/etc"));
-    if joined && let Err(fault) = health::load_config(&wiring::on_host(CONFIG_PATH), "") {
+    let mut found = environment(state, &wiring::on_host("/etc"));
+    if joined && let Err(fault) = Config::installed(&wiring::on_host(CONFIG_PATH), "") {
         found.push(fault);
     }
     found.iter().map(Fault::problem).collect()
@@ -72,7 +73,7 @@ fn read(
     let fault = match &e {
         // No store on a host the agent is not installed on: nothing joined yet.
         StoreError::Missing(_) if !installed => None,
-        e => health::of_store(e, path),
+        e => of_store(e, path),
     };
     let code = match &e {
         StoreError::Missing(_) => ExitCode::from(EXIT_NO_STORE),

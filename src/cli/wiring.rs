@@ -2,6 +2,7 @@
 //! over the simulated one) and for the commands that change the node (join, reset, recovery),
 //! plus this host's facts they start from. Nothing else builds a `Runner`.
 
+use crate::config::kubeconfig::client_from_kubeconfig;
 use crate::config::{Config, NodeImage};
 use crate::effects::archive::ArchiveFetcher;
 use crate::effects::containerd::{DEFAULT_NAMESPACE, LazyContainerd, RegistryConfig};
@@ -14,14 +15,14 @@ use crate::effects::kube::KubePublisher;
 use crate::effects::systemd::{DEFAULT_UNIT_DIR, DbusSystemd};
 use crate::effects::{Containerd, Effects, Host, Systemd};
 use crate::exec::Runner;
-use crate::machine::NodeState;
-use crate::machine::Timestamp;
-use crate::machine::agent::AgentBuild;
-use crate::machine::fault::{Fault, FaultKind};
-use crate::reconcile::client_from_kubeconfig;
+use crate::lifecycle::NodeState;
+use crate::lifecycle::Timestamp;
+use crate::lifecycle::agent::AgentBuild;
+use crate::lifecycle::fault::{Fault, FaultKind};
 use crate::reconcile::clock::SteadyClock;
-use crate::reconcile::health;
 use crate::reconcile::owner::KubeRunner;
+use crate::reconcile::{fault, notify};
+use crate::store::fault::of_store;
 use crate::store::{Store, StoreError, StoreReader};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -114,7 +115,7 @@ pub fn on_host(path: &str) -> PathBuf {
 /// The daemon's executor: `systemd`, `containerd` and `host` with the API server as
 /// publisher, on the store (waiting while the command that started the daemon holds it).
 /// The store must exist: `join` made it, and a daemon that made a new one would forget the
-/// node (src/machine/fault.rs, `StoreMissing`).
+/// node (src/lifecycle/fault.rs, `StoreMissing`).
 pub async fn daemon_runner<S: Systemd, C: Containerd, H: Host>(
     state: &Path,
     node_name: &str,
@@ -134,14 +135,14 @@ pub async fn daemon_runner<S: Systemd, C: Containerd, H: Host>(
             Ok(store) => break store,
             Err(e) => e,
         };
-        let Some(fault) = health::of_store(&e, state).filter(|f| !f.kind.needs_operator()) else {
+        let Some(fault) = of_store(&e, state).filter(|f| !f.kind.needs_operator()) else {
             return Err(e);
         };
         if told != Some(fault.kind) {
-            health::report(&fault, Some(&publisher)).await;
+            fault::tell(&fault, Some(&publisher)).await;
             told = Some(fault.kind);
         }
-        health::ready_while_waiting();
+        notify::ready_while_waiting();
         tokio::time::sleep(STORE_RETRY).await;
     };
     let clock = SteadyClock::system(newest_entry(&store)?);
@@ -152,7 +153,7 @@ pub async fn daemon_runner<S: Systemd, C: Containerd, H: Host>(
         publisher,
     };
     let mut runner = Runner::new(store, effects, clock);
-    runner.node_images = node_images;
+    runner.set_node_images(node_images);
     Ok(runner)
 }
 
@@ -185,8 +186,8 @@ async fn command_runner(
         },
         clock,
     );
-    runner.daemon = false;
-    runner.node_images = node_images;
+    runner.set_daemon(false);
+    runner.set_node_images(node_images);
     runner.resume().await?;
     // A result the store keeps (an earlier process could not publish it) is published by
     // whichever process holds the store next: a command may be the last one (a reset).
@@ -260,7 +261,7 @@ pub fn require_root(command: &str) -> anyhow::Result<()> {
 /// fault that keeps it from being used (missing, unreadable, a setting or a credential that
 /// cannot work: only an operator fixes those).
 pub async fn installed_config(path: &Path) -> Result<(Config, kube::Client), Fault> {
-    let config = health::load_config(path, &hostname())?;
+    let config = Config::installed(path, &hostname())?;
     let client = client_from_kubeconfig(&config.kubeconfig)
         .await
         .map_err(|e| {
@@ -285,7 +286,7 @@ pub fn current_state(state: &Path) -> Result<Option<NodeState>, StoreError> {
 /// How a command fails on a store error: exit 78 with what to do for a store only an
 /// operator can mend (damaged, newer, insecure), which no retry would change.
 pub fn store_failure(e: StoreError, state: &Path) -> super::Failure {
-    match health::of_store(&e, state) {
+    match of_store(&e, state) {
         Some(fault) if fault.kind.needs_operator() => {
             super::Failure::config(format!("{fault}; {}", fault.remedy()))
         }

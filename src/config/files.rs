@@ -25,35 +25,10 @@ pub(super) fn check_kubeconfig(path: &Path) -> Result<(), ConfigError> {
             format!("{} names no API server or no user", path.display()),
         ));
     }
-    if let Some(why) = unverified_api_server(&kc) {
+    if let Some(why) = super::kubeconfig::first_unverified(&kc) {
         return Err(bad("kubeconfig", format!("{}: {why}", path.display())));
     }
     Ok(())
-}
-
-/// Why the API server named by `kc` would not be verified, if it would not be: a cluster that
-/// turns TLS verification off (`insecure-skip-tls-verify`), or one reached over plain http.
-/// The node's credential and everything it reads from the cluster go over that connection, so
-/// neither is ever taken silently.
-fn unverified_api_server(kc: &kube::config::Kubeconfig) -> Option<String> {
-    kc.clusters.iter().find_map(|c| {
-        let cluster = c.cluster.as_ref()?;
-        if cluster.insecure_skip_tls_verify == Some(true) {
-            return Some(format!(
-                "cluster {:?} sets insecure-skip-tls-verify: the API server must be verified \
-                 (name its CA in certificate-authority-data)",
-                c.name
-            ));
-        }
-        let server = cluster.server.as_deref()?;
-        (!server.starts_with("https://")).then(|| {
-            format!(
-                "cluster {:?}: the API server must be reached over https:// (the server is not \
-                 shown: it may carry credentials)",
-                c.name
-            )
-        })
-    })
 }
 
 /// A secret's file: absolute, a regular file, owned by this user, not readable by others.
@@ -175,7 +150,7 @@ pub(super) fn check_bootstrap_token(path: &Path) -> Result<(), ConfigError> {
     const SETTING: &str = "bootstrapTokenFile";
     check_private_file(SETTING, path, "holds a bootstrap token")?;
     let text = read_small(path, SETTING)?;
-    if !crate::effects::host::kubelet::valid_token(text.trim()) {
+    if !crate::lifecycle::validate::valid_bootstrap_token(text.trim()) {
         return Err(bad(
             SETTING,
             format!(

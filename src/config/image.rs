@@ -2,8 +2,10 @@
 //! images the machines are unpacked from.
 
 use super::{ConfigError, bad};
-use crate::machine::agent::{ImageRef, InstallMode, Sha256Hex};
-use crate::machine::validate::{InvalidParameter, parse_oci_url};
+use crate::lifecycle::agent::{ImageRef, InstallMode, Sha256Hex};
+use crate::lifecycle::validate::{
+    InvalidParameter, UnpinnedImage, parse_oci_url, parse_pinned_image, without_oci_scheme,
+};
 use std::path::PathBuf;
 
 /// The container install's image, pinned by digest.
@@ -92,12 +94,16 @@ impl NodeImage {
 pub(super) fn node_image(version: &str, value: &str) -> Result<NodeImage, ConfigError> {
     const SHAPE: &str = "oci://REGISTRY/REPOSITORY[:TAG]@sha256:<64 hex>";
     let setting = format!("nodeImages.{version}");
-    let (url, digest) = value
-        .trim()
-        .rsplit_once('@')
-        .ok_or_else(|| bad(&setting, format!("must be pinned by digest: {SHAPE}")))?;
-    let digest = Sha256Hex::parse(digest)
-        .ok_or_else(|| bad(&setting, format!("has no sha256 digest: {SHAPE}")))?;
-    let image = parse_oci_url(url).map_err(|_| bad(&setting, format!("is not {SHAPE}")))?;
+    let reference =
+        without_oci_scheme(value.trim()).ok_or_else(|| bad(&setting, format!("is not {SHAPE}")))?;
+    let (image, digest) = parse_pinned_image(reference).map_err(|e| {
+        bad(
+            &setting,
+            match e {
+                UnpinnedImage::NoDigest => format!("must be pinned by digest: {SHAPE}"),
+                UnpinnedImage::NotAReference => format!("is not {SHAPE}"),
+            },
+        )
+    })?;
     Ok(NodeImage { image, digest })
 }

@@ -4,9 +4,13 @@
 
 mod files;
 mod image;
+pub mod kubeconfig;
 
-use crate::effects::host::kubelet::{POD_RANGE_FROM_CLUSTER, valid_cidr, valid_reference};
-use crate::machine::agent::{InstallMode, Sha256Hex};
+use crate::lifecycle::agent::InstallMode;
+use crate::lifecycle::fault::{Fault, FaultKind};
+use crate::lifecycle::validate::{
+    POD_RANGE_FROM_CLUSTER, UnpinnedImage, parse_pinned_image, valid_pod_range,
+};
 use files::{
     check_bootstrap_token, check_kubeconfig, check_registry_credentials, check_trusted_ca,
     read_small,
@@ -182,6 +186,27 @@ impl Config {
     pub fn load(path: &Path, hostname: &str) -> Result<Self, ConfigError> {
         let text = read_small(path, "config")?;
         Self::parse(&text, hostname)
+    }
+
+    /// The installed configuration, or the fault that keeps it from being read: missing,
+    /// unreadable (an I/O error, not text), or a setting that cannot work.
+    pub fn installed(path: &Path, hostname: &str) -> Result<Self, Fault> {
+        match std::fs::read(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Fault::new(FaultKind::ConfigMissing, path, ""));
+            }
+            Err(e) => return Err(Fault::new(FaultKind::ConfigUnreadable, path, e.to_string())),
+            Ok(bytes) if std::str::from_utf8(&bytes).is_err() => {
+                return Err(Fault::new(
+                    FaultKind::ConfigUnreadable,
+                    path,
+                    "it is not text",
+                ));
+            }
+            Ok(_) => {}
+        }
+        Self::load(path, hostname)
+            .map_err(|e| Fault::new(FaultKind::ConfigInvalid, path, e.to_string()))
     }
 
     /// YAML or JSON (JSON is YAML).
@@ -398,21 +423,24 @@ fn node_config(
     })?;
     check_bootstrap_token(&token_file)?;
     let sandbox_image = sandbox_image.unwrap_or_else(|| DEFAULT_SANDBOX_IMAGE.to_string());
-    if !valid_reference(&sandbox_image) {
-        return Err(bad("sandboxImage", "is not an image reference"));
-    }
-    let pinned = sandbox_image
-        .rsplit_once('@')
-        .is_some_and(|(_, d)| d.starts_with("sha256:") && Sha256Hex::parse(d).is_some());
-    if !pinned {
-        return Err(bad(
-            "sandboxImage",
-            "must be pinned by digest: REGISTRY/REPOSITORY[:TAG]@sha256:<64 hex> (a tag could \
-             change under the node)",
-        ));
+    match parse_pinned_image(&sandbox_image) {
+        Ok(_) => {}
+        Err(UnpinnedImage::NoDigest) => {
+            return Err(bad(
+                "sandboxImage",
+                "must be pinned by digest: REGISTRY/REPOSITORY[:TAG]@sha256:<64 hex> (a tag \
+                 could change under the node)",
+            ));
+        }
+        Err(UnpinnedImage::NotAReference) => {
+            return Err(bad(
+                "sandboxImage",
+                "is not an image reference: REGISTRY/REPOSITORY[:TAG]@sha256:<64 hex>",
+            ));
+        }
     }
     let pod_cidr = pod_cidr.unwrap_or_else(|| DEFAULT_POD_CIDR.to_string());
-    if pod_cidr != POD_RANGE_FROM_CLUSTER && !valid_cidr(&pod_cidr) {
+    if !valid_pod_range(&pod_cidr) {
         return Err(bad(
             "podCIDR",
             format!(

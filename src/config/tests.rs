@@ -482,3 +482,16 @@ fn keys_that_are_no_settings_name_are_not_quoted() {
     let e = Config::parse("kubeconfg: /x\n", "h").expect_err("refused");
     assert_eq!(e.setting, "kubeconfg", "{e}");
 }
+
+#[test]
+fn a_missing_or_garbled_config_is_told_apart_from_a_bad_setting() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let missing = dir.path().join("config.yaml");
+    let kind = |p: &Path| Config::installed(p, "host").err().map(|f| f.kind);
+    assert_eq!(kind(&missing), Some(FaultKind::ConfigMissing));
+    std::fs::write(&missing, [0xff, 0xfe, 0x00, 0x80]).expect("write");
+    assert_eq!(kind(&missing), Some(FaultKind::ConfigUnreadable));
+    assert_eq!(kind(dir.path()), Some(FaultKind::ConfigUnreadable));
+    std::fs::write(&missing, "nodeName: Not_A_Name\n").expect("write");
+    assert_eq!(kind(&missing), Some(FaultKind::ConfigInvalid));
+}

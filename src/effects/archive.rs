@@ -10,7 +10,7 @@
 use super::fs::{TempFile, sync_dir};
 use super::http::{self, MAX_REDIRECTS, Trust};
 use super::{EffectError, EffectResult};
-use crate::machine::agent::{Arch, ArchiveUrl, Sha256Hex};
+use crate::lifecycle::agent::{Arch, ArchiveUrl, Sha256Hex};
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};

@@ -8,14 +8,14 @@
 use crate::api::machine::{Machine, MachinePhase as ApiMachinePhase};
 use crate::api::machine_operation::{MachineOperation, MachineOperationStatus, OperationPhase};
 use crate::effects::{EffectError, EffectResult, NodeSeen, Publisher};
-use crate::machine::Timestamp;
-use crate::machine::fault::{FAULT_CLEARED, Fault, FaultKind};
-use crate::machine::result::{MachinePhase, OpResult, ResultReason};
-use crate::machine::state::OpRef;
+use crate::lifecycle::Timestamp;
+use crate::lifecycle::fault::{FAULT_CLEARED, Fault, FaultKind};
+use crate::lifecycle::result::{MachinePhase, OpResult, ResultReason};
+use crate::lifecycle::state::OpRef;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Client, Resource};
 use serde::Serialize;
@@ -244,7 +244,7 @@ impl KubePublisher {
         .await;
         // What was written is the next write's start; after a terminal result there is none.
         match &written {
-            Ok(Some(obj)) if !crate::reconcile::address::is_terminal(obj) => {
+            Ok(Some(obj)) if !obj.is_terminal() => {
                 self.known().insert(op.uid.clone(), obj.clone());
             }
             _ => self.forget(&op.uid),
@@ -361,7 +361,7 @@ impl Publisher for KubePublisher {
     ) -> EffectResult {
         let written = self
             .write_op(op, |current| {
-                if crate::reconcile::address::is_terminal(current) {
+                if current.is_terminal() {
                     return Write::Skip;
                 }
                 let mut s = current.status.clone().unwrap_or_default();
@@ -404,7 +404,7 @@ impl Publisher for KubePublisher {
     ) -> EffectResult {
         let written = self
             .write_op(op, |current| {
-                if crate::reconcile::address::is_terminal(current) {
+                if current.is_terminal() {
                     return Write::Skip;
                 }
                 let mut s = current.status.clone().unwrap_or_default();
@@ -531,7 +531,8 @@ fn node_updated_condition(m: &Machine) -> Option<&Condition> {
         .find(|c| c.type_ == "NodeUpdated")
 }
 
-/// A bad environment on the Machine and how it ends (src/fault.rs, src/reconcile/health.rs):
+/// A bad environment on the Machine and how it ends (src/lifecycle/fault.rs,
+/// src/reconcile/fault.rs):
 /// the only writes of the Machine outside the core's `ReportMachine`.
 impl KubePublisher {
     /// Every Machine status write: `edit` gives the next object, or `None` for nothing to
@@ -586,7 +587,7 @@ impl KubePublisher {
         Ok(written.is_some())
     }
 
-    /// The fault is over: a Machine that shows one (any reason of src/fault.rs) gets `phase`
+    /// The fault is over: a Machine that shows one (any reason of src/lifecycle/fault.rs) gets `phase`
     /// back as the core reports it, and a Normal Event `FaultCleared`. Returns whether it
     /// showed one.
     pub async fn clear_fault(
@@ -611,5 +612,40 @@ impl KubePublisher {
                 .await;
         }
         Ok(written.is_some())
+    }
+}
+
+/// What the daemon asks of the API server besides status writes (its watches aside).
+impl KubePublisher {
+    /// The node's Node and Machine, read afresh: what a decision that changes the node on
+    /// its own waits for (src/reconcile/owner.rs, `read_goal`).
+    pub async fn read_node_and_machine(
+        &self,
+    ) -> Result<(Option<Node>, Option<Machine>), kube::Error> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let machines: Api<Machine> = Api::all(self.client.clone());
+        Ok((
+            nodes.get_opt(&self.node).await?,
+            machines.get_opt(&self.node).await?,
+        ))
+    }
+
+    /// Deletes the finished operation `name` while it is still the object `uid` (its
+    /// `ttlSecondsAfterFinished` ran out). `true`: deleted now; `false`: already gone or
+    /// replaced.
+    pub async fn delete_finished(&self, name: &str, uid: &str) -> Result<bool, kube::Error> {
+        let api: Api<MachineOperation> = Api::all(self.client.clone());
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(uid.to_owned()),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match api.delete(name, &dp).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 }

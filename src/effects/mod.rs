@@ -11,11 +11,11 @@ pub mod http;
 pub mod kube;
 pub mod systemd;
 
-use crate::machine::Timestamp;
-use crate::machine::agent::{AgentBuild, InstallMode};
-use crate::machine::agent::{ArchiveUrl, Sha256Hex, Slot};
-use crate::machine::result::{MachinePhase, OpResult};
-use crate::machine::state::{OpRef, Side};
+use crate::lifecycle::Timestamp;
+use crate::lifecycle::agent::{AgentBuild, InstallMode};
+use crate::lifecycle::agent::{ArchiveUrl, Sha256Hex, Slot};
+use crate::lifecycle::result::{MachinePhase, OpResult};
+use crate::lifecycle::state::{OpRef, Side};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 
@@ -63,6 +63,15 @@ pub(crate) fn check_unit_name(name: &str) -> EffectResult {
 pub fn machine_unit(side: Side) -> String {
     format!("systemd-nspawn@{}.service", side.name())
 }
+
+/// The machine unit's drop-in for a kubelet: `/proc/sys` writable (the kubelet and CNI set
+/// sysctls) and the kernel log readable.
+pub const MACHINE_DROP_IN: &str = "\
+# Written by flexnode: what a kubelet in the machine needs.
+[Service]
+Environment=SYSTEMD_NSPAWN_API_VFS_WRITABLE=yes
+DeviceAllow=/dev/kmsg rw
+";
 
 /// What systemd and machined say about an nspawn machine.
 #[derive(Clone, Debug, PartialEq, Eq)]

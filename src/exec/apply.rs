@@ -6,9 +6,9 @@ use crate::effects::{
     AGENT_UNIT, BOOTSTRAP_UNIT, Containerd, EffectError, EffectResult, Host, Publisher,
     RECOVERY_UNIT, RESET_UNIT, Systemd, machine_unit,
 };
-use crate::machine::agent::{AgentBuild, InstallMode, UpgradeTarget};
-use crate::machine::state::Side;
-use crate::machine::{Effect, Timestamp};
+use crate::lifecycle::agent::{AgentBuild, InstallMode, UpgradeTarget};
+use crate::lifecycle::state::Side;
+use crate::lifecycle::{Effect, Timestamp};
 use crate::store::StoreError;
 
 fn store_failed(e: StoreError) -> EffectError {
@@ -327,7 +327,7 @@ where
     }
 
     /// Publishes a stored result unless it already reached the API server.
-    async fn deliver(&self, op: &crate::machine::state::OpRef) -> EffectResult {
+    async fn deliver(&self, op: &crate::lifecycle::state::OpRef) -> EffectResult {
         let stored = self
             .store
             .result_for(&op.uid)

@@ -9,9 +9,9 @@ pub use node::NODE_READY_TIMEOUT;
 
 use crate::config::NodeImage;
 use crate::effects::{Containerd, EffectError, Effects, Host, Publisher, Systemd};
-use crate::machine::agent::{AgentBuild, Sha256Hex};
-use crate::machine::policy::Policy;
-use crate::machine::{Input, NodeState, Refusal, Timestamp, step, table};
+use crate::lifecycle::agent::{AgentBuild, Sha256Hex};
+use crate::lifecycle::policy::Policy;
+use crate::lifecycle::{Input, NodeState, Refusal, Timestamp, step, table};
 use crate::store::{Intent, Store, StoreError};
 use std::collections::BTreeMap;
 
@@ -42,6 +42,17 @@ pub enum ExecError {
     Crashed,
 }
 
+impl ExecError {
+    /// The bad environment behind this error (src/store/fault.rs), if it is one; `store` is
+    /// the store file.
+    pub fn fault(&self, store: &std::path::Path) -> Option<crate::lifecycle::fault::Fault> {
+        match self {
+            Self::Store(e) => crate::store::fault::of_store(e, store),
+            Self::Crashed => None,
+        }
+    }
+}
+
 /// What became of an input.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Fed {
@@ -51,25 +62,25 @@ pub enum Fed {
 
 #[derive(Debug)]
 pub struct Runner<S, C, H, P, K> {
-    pub store: Store,
-    pub effects: Effects<S, C, H, P>,
-    pub policy: Policy,
-    pub clock: K,
+    store: Store,
+    effects: Effects<S, C, H, P>,
+    policy: Policy,
+    clock: K,
     /// This process asked systemd to restart the agent: it is the old daemon now, and the
     /// judgement of a hand-off belongs to its successor.
     restart_requested: bool,
     /// True for the agent daemon; false for CLI processes (join, reset, the recovery unit).
-    pub daemon: bool,
+    daemon: bool,
     /// The node image per Kubernetes version (the configuration's `nodeImages`); empty:
     /// machines without a kubelet.
-    pub node_images: BTreeMap<String, NodeImage>,
+    node_images: BTreeMap<String, NodeImage>,
     /// Told that the executor makes progress: after each effect and while a long one waits
     /// (`AwaitNode`). The daemon feeds systemd's watchdog with it, so one step of several
     /// long effects (a repave) is not taken for a hung daemon.
-    pub on_progress: Option<Progress>,
+    on_progress: Option<Progress>,
 }
 
-/// A progress callback ([`Runner::on_progress`]).
+/// A progress callback ([`Runner::set_on_progress`]).
 pub struct Progress(pub Box<dyn Fn() + Send + Sync>);
 
 impl std::fmt::Debug for Progress {
@@ -109,9 +120,72 @@ where
         Ok(self.store.load()?.state)
     }
 
+    /// A CLI process (join, reset, the recovery unit), not the agent daemon.
+    pub fn set_daemon(&mut self, daemon: bool) {
+        self.daemon = daemon;
+    }
+
+    pub fn is_daemon(&self) -> bool {
+        self.daemon
+    }
+
+    pub fn set_node_images(&mut self, images: BTreeMap<String, NodeImage>) {
+        self.node_images = images;
+    }
+
+    pub fn set_policy(&mut self, policy: Policy) {
+        self.policy = policy;
+    }
+
+    pub fn set_clock(&mut self, clock: K) {
+        self.clock = clock;
+    }
+
+    pub fn clock(&self) -> &K {
+        &self.clock
+    }
+
+    pub fn set_on_progress(&mut self, progress: Progress) {
+        self.on_progress = Some(progress);
+    }
+
+    pub fn publisher(&self) -> &P {
+        &self.effects.publisher
+    }
+
+    /// The store itself, for the simulation and the tests that read it in place.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The store's file: the daemon's other files (its status socket) live beside it.
+    pub fn store_path(&self) -> &std::path::Path {
+        self.store.path()
+    }
+
+    /// Whether a result waits in the outbox to be published.
+    pub fn has_unpublished(&self) -> Result<bool, ExecError> {
+        Ok(!self.store.unpublished()?.is_empty())
+    }
+
+    /// Whether the operation `uid` has a result recorded (it ran here already).
+    pub fn has_result(&self, uid: &str) -> Result<bool, ExecError> {
+        Ok(self.store.result_for(uid)?.is_some())
+    }
+
+    /// The store takes a write (after a fault of its filesystem).
+    pub fn store_writable(&self) -> bool {
+        self.store.check_writable().is_ok()
+    }
+
+    /// Folds the WAL into the store file (at a daemon's stop).
+    pub fn checkpoint(&self) -> Result<(), ExecError> {
+        Ok(self.store.checkpoint()?)
+    }
+
     /// Feeds one input and follows it through every step whose outcome the core waits for.
     /// What an earlier process left comes first: an interrupted step is finished (unless
-    /// `input` preempts it, [`crate::machine::preempts`]), and an outcome it recorded but did
+    /// `input` preempts it, [`crate::lifecycle::preempts`]), and an outcome it recorded but did
     /// not report is fed.
     pub async fn feed(&mut self, input: Input) -> Result<Fed, ExecError> {
         self.drive(Some(input)).await
@@ -126,7 +200,7 @@ where
                 // Without an input of its own (a process starting), a deadline that passed
                 // while no process ran may preempt.
                 let first = input.clone().unwrap_or(Input::Tick);
-                if !crate::machine::preempts(&persisted.state, &first, &self.policy, now) {
+                if !crate::lifecycle::preempts(&persisted.state, &first, &self.policy, now) {
                     self.resume_intent(intent, &persisted.state).await?;
                     continue;
                 }
@@ -310,7 +384,7 @@ where
     /// the reset's own effects (both machines, runtime files, units, links; each probed
     /// first), with no state to step from. Nothing else runs effects outside a step.
     pub async fn reset_without_state(&mut self) -> Result<(), EffectError> {
-        use crate::machine::Effect;
+        use crate::lifecycle::Effect;
         self.run_effects(&[Effect::WipeNode, Effect::UninstallAgent], None)
             .await
     }
@@ -369,7 +443,7 @@ where
     /// earlier process did not finish.
     async fn run_effects(
         &mut self,
-        effects: &[crate::machine::Effect],
+        effects: &[crate::lifecycle::Effect],
         resumed: Option<Timestamp>,
     ) -> Result<(), EffectError> {
         for effect in effects {

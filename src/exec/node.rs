@@ -4,11 +4,11 @@
 
 use super::{Clock, Runner};
 use crate::config::NodeImage;
-use crate::effects::host::MACHINE_DROP_IN;
 use crate::effects::{
-    Containerd, EffectError, EffectResult, Host, NodeSeen, Publisher, Systemd, machine_unit,
+    Containerd, EffectError, EffectResult, Host, MACHINE_DROP_IN, NodeSeen, Publisher, Systemd,
+    machine_unit,
 };
-use crate::machine::state::Side;
+use crate::lifecycle::state::Side;
 use std::time::Duration;
 // Tokio's monotonic clock: a paused test runtime (the crash simulation's) lets a wait of
 // minutes pass at once.

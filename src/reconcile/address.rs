@@ -2,8 +2,8 @@
 //! "Reconciler").
 
 use crate::api::machine_operation::{MachineOperation, OperationKind, OperationPhase};
-use crate::machine::input::{Claim, ClaimKind};
-use crate::machine::state::OpRef;
+use crate::lifecycle::input::{Claim, ClaimKind};
+use crate::lifecycle::state::OpRef;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use std::collections::BTreeMap;
 
@@ -51,13 +51,6 @@ pub fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, Stri
         }
     });
     pairs && exprs
-}
-
-pub fn is_terminal(op: &MachineOperation) -> bool {
-    matches!(
-        op.status.as_ref().and_then(|s| s.phase),
-        Some(OperationPhase::Complete | OperationPhase::Failed)
-    )
 }
 
 /// Handlers run only for a phase that is empty or Pending; InProgress is never re-executed

@@ -15,7 +15,7 @@
 //! for the size of the jump.
 
 use crate::exec::Clock;
-use crate::machine::Timestamp;
+use crate::lifecycle::Timestamp;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

@@ -14,11 +14,11 @@ pub struct DaemonConfig {
     /// Shared with whoever started the daemon (the fleet benchmark reads them).
     pub counters: Arc<WatchCounters>,
     /// The host's `/etc` as the daemon reaches it: while it is read-only no new work starts
-    /// (src/reconcile/health.rs). `None`: not looked at (a simulated host).
+    /// (src/reconcile/fault.rs). `None`: not looked at (a simulated host).
     pub etc: Option<std::path::PathBuf>,
     /// Where Prometheus metrics are served (`metricsAddress`, loopback only); `None`: off.
     pub metrics: Option<std::net::SocketAddr>,
-    /// Answer `flexnode status` on the socket next to the store (`live.rs`).
+    /// Answer `flexnode status` on the socket next to the store (`status_socket.rs`).
     pub live_status: bool,
     /// The pause after a repave's first failure, doubling per failure (`repave_pause.rs`).
     pub repave_retry: Duration,

@@ -2,22 +2,24 @@
 
 use super::DaemonConfig;
 use super::clock::SteadyClock;
-use super::health::{self, Health};
+use super::fault::Health;
+use super::status_socket::{self, Live};
 use super::watch::{self, OperationWatch, WatchCounters};
-use super::{DELETION_TAINT, Msg, address, liveness};
+use super::{DELETION_TAINT, Msg, address, metrics_server, notify};
 use crate::api::{Machine, MachineOperation};
 use crate::effects::kube::KubePublisher;
 use crate::effects::{Containerd, Host, Systemd};
-use crate::exec::{Clock, ExecError, Fed, Runner, SystemClock};
-use crate::machine::agent::AgentBuild;
-use crate::machine::fault::Fault;
-use crate::machine::input::{GoalObservation, MachineObservation, NodeObservation};
-use crate::machine::state::Goal;
-use crate::machine::{Input, NodeState, Refusal};
+use crate::exec::{Clock, ExecError, Fed, Progress, Runner, SystemClock};
+use crate::lifecycle::agent::AgentBuild;
+use crate::lifecycle::input::{GoalObservation, MachineObservation, NodeObservation};
+use crate::lifecycle::state::Goal;
+use crate::lifecycle::{Input, NodeState, Refusal};
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
-use kube::api::{Api, DeleteParams, Preconditions};
+use kube::api::Api;
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -30,21 +32,12 @@ mod claims;
 /// still feeds the watchdog (`WatchdogSec=300s`) and retries what failed quietly.
 const IDLE_TICK: Duration = Duration::from_secs(60);
 
-#[derive(Debug, thiserror::Error)]
-pub enum DaemonError {
-    #[error(transparent)]
-    Exec(#[from] ExecError),
-    #[error(transparent)]
-    Store(#[from] crate::store::StoreError),
-}
-
 /// The daemon's executor: this host's effects and the API server as publisher
 /// (`cli/wiring.rs` assembles it).
 pub type KubeRunner<S, C, H> = Runner<S, C, H, KubePublisher, SteadyClock>;
 
 struct Owner<S, C, H> {
     runner: KubeRunner<S, C, H>,
-    client: Client,
     node_name: String,
     ops: BTreeMap<String, MachineOperation>,
     /// `None` until the first list completed.
@@ -64,8 +57,9 @@ struct Owner<S, C, H> {
     counters: Arc<WatchCounters>,
     /// A read that a decision waits for failed (said once, until a read succeeds).
     unconfirmed: bool,
-    /// What systemd's STATUS says now, which `flexnode status` also hears (`live.rs`).
-    live: Arc<super::live::Live>,
+    /// What systemd's STATUS says now, which `flexnode status` also hears
+    /// (`status_socket.rs`).
+    live: Arc<Live>,
     /// The watches' messages, once they run; and those that came while a step's effects ran,
     /// handled next, in order (`feed`).
     inbox: Option<mpsc::Receiver<Msg>>,
@@ -81,103 +75,44 @@ pub async fn run<S, C, H>(
     client: Client,
     runner: KubeRunner<S, C, H>,
     running: AgentBuild,
-    shutdown: impl std::future::Future<Output = ()>,
-) -> Result<(), DaemonError>
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ExecError>
 where
     S: Systemd,
     C: Containerd,
     H: Host,
 {
-    // Served from the start, so a daemon waiting out a bad environment can be watched too.
-    let live = Arc::new(super::live::Live::default());
-    let _served = AbortOnDrop(
-        [
-            super::metrics::start(config.metrics).await,
-            config
-                .live_status
-                .then(|| {
-                    let path = super::live::socket_path(runner.store.path());
-                    super::live::start(&path, live.clone(), config.counters.clone())
-                })
-                .flatten(),
-        ]
-        .into_iter()
-        .flatten()
-        .collect(),
-    );
-    let mut owner = Owner::new(&config, client.clone(), runner, live);
-    // A step of long effects (a repave: unpack, start, the wait for the kubelet) keeps the
-    // watchdog fed, and during start-up the start timeout extended, while it makes progress;
-    // a wedged loop still gets the agent restarted (liveness.rs).
-    owner.runner.on_progress = Some(crate::exec::Progress(Box::new(liveness::progress)));
+    let live = Arc::new(Live::default());
+    let _served = serve(&config, runner.store_path(), &live).await;
+    let mut owner = Owner::new(&config, runner, live);
     tokio::pin!(shutdown);
     if !owner.start(running, config.tick, shutdown.as_mut()).await? {
         return Ok(());
     }
-    // systemd (Type=notify) counts the agent started from here; the watchdog is fed by the
-    // owner loop itself, so a wedged loop gets the agent restarted.
-    liveness::ready();
-    let state = owner.runner.state()?;
-    owner.say(&state);
-    owner
-        .health
-        .clear_shown(&state, &owner.runner.effects.publisher)
-        .await;
-
-    let (rx, _abort) = start_watches(&config, &client);
+    owner.started().await?;
+    let (rx, _watching) = start_watches(&config, &client);
     owner.inbox = Some(rx);
-    let mut next_tick = Instant::now() + config.tick;
-    loop {
-        let (ticked, done) = if let Some(msg) = owner.deferred.pop_front() {
-            (false, owner.handle(msg).await)
-        } else {
-            let Some(inbox) = owner.inbox.as_mut() else {
-                break;
-            };
-            tokio::select! {
-            () = &mut shutdown => break,
-            msg = inbox.recv() => match msg {
-                Some(msg) => (false, owner.handle(msg).await),
-                None => break,
-            },
-            () = tokio::time::sleep_until(next_tick) => {
-                let done = owner.tick().await;
-                liveness::notify(&[sd_notify::NotifyState::Watchdog]);
-                (true, done)
-            }
-            }
-        };
-        // A store that cannot be written ends no daemon: the step it refused did not run,
-        // and the next tick tries again once the store takes writes (src/reconcile/health.rs).
-        if let Err(e) = done.and_then(|()| Ok(owner.runner.state().map(|_| ())?)) {
-            let Some(fault) = owner.transient(&e) else {
-                return Err(e);
-            };
-            owner
-                .health
-                .enter(fault, &owner.runner.effects.publisher)
-                .await;
-            next_tick = Instant::now() + config.tick;
-            continue;
-        }
-        let state = owner.runner.state()?;
-        owner.say(&state);
-        owner.keep_clock(&state);
-        // After a reset the agent's units are gone; so is the daemon.
-        if matches!(state, NodeState::Unjoined { .. }) {
-            tracing::info!("the node was reset; the daemon stops");
-            break;
-        }
-        // A message can only bring the next tick closer (new work), never push it away.
-        let due = Instant::now() + owner.tick_in(&state, config.tick)?;
-        next_tick = if ticked { due } else { next_tick.min(due) };
-    }
-    liveness::notify(&[sd_notify::NotifyState::Stopping]);
-    // A full disk can refuse the checkpoint; the WAL keeps every committed step meanwhile.
-    if let Err(e) = owner.runner.store.checkpoint() {
-        tracing::warn!(error = %e, "the store's WAL was not checkpointed");
-    }
+    owner.reconcile(config.tick, shutdown).await?;
+    owner.stop();
     Ok(())
+}
+
+/// The metrics and the status socket, served from the start so that a daemon waiting out a
+/// bad environment can be watched too; they end when the returned guard is dropped.
+async fn serve(config: &DaemonConfig, store: &std::path::Path, live: &Arc<Live>) -> AbortOnDrop {
+    let socket = config
+        .live_status
+        .then(|| {
+            let path = status_socket::socket_path(store);
+            status_socket::start(&path, live.clone(), config.counters.clone())
+        })
+        .flatten();
+    AbortOnDrop(
+        [metrics_server::start(config.metrics).await, socket]
+            .into_iter()
+            .flatten()
+            .collect(),
+    )
 }
 
 /// The node's watches (its operations, its Node, its Machine), each a task sending to the
@@ -239,16 +174,14 @@ impl Drop for AbortOnDrop {
 }
 
 impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
-    fn new(
-        config: &DaemonConfig,
-        client: Client,
-        runner: KubeRunner<S, C, H>,
-        live: Arc<super::live::Live>,
-    ) -> Self {
+    fn new(config: &DaemonConfig, mut runner: KubeRunner<S, C, H>, live: Arc<Live>) -> Self {
+        // A step of long effects (a repave: unpack, start, the wait for the kubelet) keeps
+        // the watchdog fed, and during start-up the start timeout extended, while it makes
+        // progress; a wedged loop still gets the agent restarted (notify.rs).
+        runner.set_on_progress(Progress(Box::new(notify::progress)));
         Self {
             live,
             runner,
-            client,
             node_name: config.node_name.clone(),
             ops: BTreeMap::new(),
             node: None,
@@ -265,13 +198,85 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
         }
     }
 
+    /// systemd (Type=notify) counts the agent started from here; the watchdog is fed by the
+    /// owner loop itself, so a wedged loop gets the agent restarted. A fault an earlier
+    /// process left on the Machine is cleared.
+    async fn started(&mut self) -> Result<(), ExecError> {
+        notify::ready();
+        let state = self.runner.state()?;
+        self.say(&state);
+        self.health
+            .clear_shown(&state, self.runner.publisher())
+            .await;
+        Ok(())
+    }
+
+    /// The main loop: a message kept from a step, a message from the watches, or a tick, one
+    /// at a time, until `shutdown`, the watches' end or a reset.
+    async fn reconcile(
+        &mut self,
+        tick: Duration,
+        mut shutdown: Pin<&mut impl Future<Output = ()>>,
+    ) -> Result<(), ExecError> {
+        let mut next_tick = Instant::now() + tick;
+        loop {
+            let (ticked, done) = if let Some(msg) = self.deferred.pop_front() {
+                (false, self.handle(msg).await)
+            } else {
+                let Some(inbox) = self.inbox.as_mut() else {
+                    return Ok(());
+                };
+                tokio::select! {
+                () = &mut shutdown => return Ok(()),
+                msg = inbox.recv() => match msg {
+                    Some(msg) => (false, self.handle(msg).await),
+                    None => return Ok(()),
+                },
+                () = tokio::time::sleep_until(next_tick) => {
+                    let done = self.tick().await;
+                    notify::notify(&[sd_notify::NotifyState::Watchdog]);
+                    (true, done)
+                }
+                }
+            };
+            // A store that cannot be written ends no daemon: the step it refused did not
+            // run, and the next tick tries again once the store takes writes
+            // (src/reconcile/fault.rs).
+            if let Err(e) = done.and_then(|()| self.runner.state().map(|_| ())) {
+                self.wait_out(e).await?;
+                next_tick = Instant::now() + tick;
+                continue;
+            }
+            let state = self.runner.state()?;
+            self.say(&state);
+            self.keep_clock(&state);
+            // After a reset the agent's units are gone; so is the daemon.
+            if matches!(state, NodeState::Unjoined { .. }) {
+                tracing::info!("the node was reset; the daemon stops");
+                return Ok(());
+            }
+            // A message can only bring the next tick closer (new work), never push it away.
+            let due = Instant::now() + self.tick_in(&state, tick)?;
+            next_tick = if ticked { due } else { next_tick.min(due) };
+        }
+    }
+
+    /// systemd hears the daemon stop; the store's WAL is folded in (a full disk can refuse
+    /// it: the WAL keeps every committed step meanwhile).
+    fn stop(&self) {
+        notify::notify(&[sd_notify::NotifyState::Stopping]);
+        if let Err(e) = self.runner.checkpoint() {
+            tracing::warn!(error = %e, "the store's WAL was not checkpointed");
+        }
+    }
+
     /// Nothing waits on time: the clock takes the wall clock as it is; while something
     /// does, a jump of the wall clock is told and deadlines keep to the monotonic clock
     /// (src/reconcile/clock.rs).
     fn keep_clock(&mut self, state: &NodeState) {
         if state.deadline().is_none() {
-            self.runner.clock.follow_wall();
-        } else if let Some(drift_ms) = self.runner.clock.jumped() {
+            self.runner.clock().follow_wall();
+        } else if let Some(drift_ms) = self.runner.clock().jumped() {
             tracing::warn!(
                 drift_ms,
                 deadline = %state.deadline().map(|d| d.rfc3339()).unwrap_or_default(),
@@ -289,21 +294,15 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
         &mut self,
         running: AgentBuild,
         tick: Duration,
-        mut shutdown: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
-    ) -> Result<bool, DaemonError> {
+        mut shutdown: Pin<&mut impl Future<Output = ()>>,
+    ) -> Result<bool, ExecError> {
         while let Err(e) = self.runner.start(running.clone()).await {
-            let e = DaemonError::from(e);
-            let Some(fault) = self.transient(&e) else {
-                return Err(e);
-            };
-            self.health
-                .enter(fault, &self.runner.effects.publisher)
-                .await;
-            liveness::ready();
+            self.wait_out(e).await?;
+            notify::ready();
             loop {
                 tokio::select! {
                     () = &mut shutdown => return Ok(false),
-                    () = tokio::time::sleep(tick) => liveness::notify(&[sd_notify::NotifyState::Watchdog]),
+                    () = tokio::time::sleep(tick) => notify::notify(&[sd_notify::NotifyState::Watchdog]),
                 }
                 if self.check_health().await {
                     break;
@@ -313,18 +312,32 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
         Ok(true)
     }
 
-    /// A fault of `e` the daemon waits out; `None` for any other error (it ends the daemon).
-    fn transient(&self, e: &DaemonError) -> Option<Fault> {
-        health::of_daemon(e, self.runner.store.path()).filter(|f| !f.kind.needs_operator())
+    /// `e` is a fault the daemon waits out, held from now on (src/reconcile/fault.rs), or
+    /// it ends the daemon.
+    pub(super) async fn wait_out(&mut self, e: ExecError) -> Result<(), ExecError> {
+        let Some(fault) = e
+            .fault(self.runner.store_path())
+            .filter(|f| !f.kind.needs_operator())
+        else {
+            return Err(e);
+        };
+        self.health.enter(fault, self.runner.publisher()).await;
+        Ok(())
     }
 
-    /// Whether new work may start (src/reconcile/health.rs).
+    /// Whether new work may start (src/reconcile/fault.rs).
     async fn check_health(&mut self) -> bool {
         let Ok(state) = self.runner.state() else {
             return false;
         };
+        let runner = &self.runner;
         self.health
-            .check(&self.runner.store, &state, &self.runner.effects.publisher)
+            .check(
+                runner.store_path(),
+                || runner.store_writable(),
+                &state,
+                runner.publisher(),
+            )
             .await
     }
 
@@ -335,11 +348,11 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
             None => state.to_string(),
         };
         if self.live.set_status(&text) {
-            health::status_text(&text);
+            notify::status_text(&text);
         }
     }
 
-    async fn handle(&mut self, msg: Msg) -> Result<(), DaemonError> {
+    async fn handle(&mut self, msg: Msg) -> Result<(), ExecError> {
         match msg {
             // Another node's operation (`OperationWatch::All` delivers them) is not kept.
             Msg::Operation(op) if address::elsewhere(&op, &self.node_name) => Ok(()),
@@ -350,7 +363,7 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
                 self.claim_waiting().await
             }
             Msg::OperationGone(uid) => {
-                self.runner.effects.publisher.forget(&uid);
+                self.runner.publisher().forget(&uid);
                 self.ops.remove(&uid);
                 self.told_waiting.remove(&uid);
                 Ok(())
@@ -392,7 +405,7 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
     /// How soon the next tick is due: after `tick` while anything waits on time (a state's
     /// deadline, the outbox, a claim, a goal not applied yet); otherwise at the next TTL
     /// expiry, at most [`IDLE_TICK`] away. Watch events still wake the daemon at once.
-    fn tick_in(&self, state: &NodeState, tick: Duration) -> Result<Duration, DaemonError> {
+    fn tick_in(&self, state: &NodeState, tick: Duration) -> Result<Duration, ExecError> {
         let labels = self.labels();
         let claim_waits = self
             .waiting(labels.as_ref())
@@ -401,7 +414,7 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
             || self.health.fault().is_some()
             || self.goal_changed(state)
             || claim_waits
-            || !self.runner.store.unpublished()?.is_empty()
+            || self.runner.has_unpublished()?
         {
             return Ok(tick);
         }
@@ -418,7 +431,7 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
             }))
     }
 
-    async fn tick(&mut self) -> Result<(), DaemonError> {
+    async fn tick(&mut self) -> Result<(), ExecError> {
         if self.health.fault().is_some() {
             self.check_health().await;
         }
@@ -435,7 +448,7 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
     /// watches' messages are kept for after the step, and an operation of this node that
     /// arrives is marked `Pending` at once, told once why it waits: `kubectl get` shows that
     /// the node has seen it, and the claim after the step finds it told.
-    async fn feed(&mut self, input: Input) -> Result<Fed, DaemonError> {
+    async fn feed(&mut self, input: Input) -> Result<Fed, ExecError> {
         if self.runner.restart_requested() && input != Input::Tick {
             // The old daemon takes no new work while its successor is on the way; it still
             // watches the hand-off's deadline.
@@ -449,15 +462,15 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
             _ => self.runner.state()?.operation().map(|(op, _)| op.clone()),
         };
         let labels = self.labels();
-        let publisher = self.runner.effects.publisher.clone();
+        let publisher = self.runner.publisher().clone();
         let Some(inbox) = self.inbox.as_mut() else {
-            return Ok(self.runner.feed(input).await?);
+            return self.runner.feed(input).await;
         };
         let step = self.runner.feed(input);
         tokio::pin!(step);
         loop {
             tokio::select! {
-                fed = &mut step => return Ok(fed?),
+                fed = &mut step => return fed,
                 Some(msg) = inbox.recv(), if self.deferred.len() < DEFERRED_MAX => {
                     if let Msg::Operation(op) = &msg
                         && address::is_claimable(op)
@@ -494,7 +507,7 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
         }
     }
 
-    async fn observe_goal(&mut self) -> Result<(), DaemonError> {
+    async fn observe_goal(&mut self) -> Result<(), ExecError> {
         // A repave or a reset starts from here: not in a bad environment.
         if !self.check_health().await {
             return Ok(());
@@ -571,24 +584,19 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
     /// The Node and the Machine read again; what the reads find replaces what the watches
     /// said. False (and logged) when a read failed: the decision waits for the next tick.
     async fn read_goal(&mut self) -> bool {
-        let nodes: Api<Node> = Api::all(self.client.clone());
-        let machines: Api<Machine> = Api::all(self.client.clone());
-        match (
-            nodes.get_opt(&self.node_name).await,
-            machines.get_opt(&self.node_name).await,
-        ) {
-            (Ok(node), Ok(machine)) => {
+        match self.runner.publisher().read_node_and_machine().await {
+            Ok((node, machine)) => {
                 self.node = Some(node.map(Box::new));
                 self.machine = Some(machine.map(Box::new));
                 self.unconfirmed = false;
                 true
             }
-            (Err(e), _) | (_, Err(e)) if !self.unconfirmed => {
+            Err(e) if !self.unconfirmed => {
                 self.unconfirmed = true;
                 tracing::warn!(node = %self.node_name, error = %e, "the Node and the Machine not confirmed by a read; waiting");
                 false
             }
-            (Err(e), _) | (_, Err(e)) => {
+            Err(e) => {
                 tracing::debug!(node = %self.node_name, error = %e, "the Node and the Machine still not confirmed");
                 false
             }
@@ -598,7 +606,6 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
     /// Deletes finished operations whose `ttlSecondsAfterFinished` has passed.
     async fn expire_finished(&mut self) {
         let now = SystemClock.now();
-        let api: Api<MachineOperation> = Api::all(self.client.clone());
         let labels = self.labels();
         let expired: Vec<(String, String)> = self
             .ops
@@ -608,19 +615,11 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
             .filter_map(|op| Some((op.metadata.name.clone()?, op.metadata.uid.clone()?)))
             .collect();
         for (name, uid) in expired {
-            let dp = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: Some(uid.clone()),
-                    resource_version: None,
-                }),
-                ..Default::default()
-            };
-            match api.delete(&name, &dp).await {
-                Ok(_) => {
-                    tracing::info!(operation = %name, "deleted after ttlSecondsAfterFinished");
-                    self.ops.remove(&uid);
-                }
-                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
+            match self.runner.publisher().delete_finished(&name, &uid).await {
+                Ok(deleted) => {
+                    if deleted {
+                        tracing::info!(operation = %name, "deleted after ttlSecondsAfterFinished");
+                    }
                     self.ops.remove(&uid);
                 }
                 Err(e) => tracing::warn!(operation = %name, error = %e, "TTL deletion failed"),
@@ -631,7 +630,7 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
 
 /// When a finished operation's `ttlSecondsAfterFinished` runs out (ms since the epoch).
 fn ttl_expiry(op: &MachineOperation) -> Option<i64> {
-    if !address::is_terminal(op) {
+    if !op.is_terminal() {
         return None;
     }
     let ttl = i64::from(op.spec.ttl_seconds_after_finished?);

@@ -9,8 +9,8 @@
 //! restarts it after fixing the cause would want.
 
 use crate::exec::Fed;
-use crate::machine::NodeState;
-use crate::machine::input::{GoalObservation, MachineObservation, NodeObservation};
+use crate::lifecycle::NodeState;
+use crate::lifecycle::input::{GoalObservation, MachineObservation, NodeObservation};
 use std::time::{Duration, Instant};
 
 /// The longest pause between two tries of one goal.

@@ -7,10 +7,10 @@ use crate::effects::{
     Containerd, EffectError, EffectResult, Host, MachineStatus, MachineTree, NodeSeen, Publisher,
     Systemd, check_unit_name,
 };
-use crate::machine::Timestamp;
-use crate::machine::agent::{AgentBuild, ArchiveUrl, InstallMode, Sha256Hex, Slot};
-use crate::machine::result::{MachinePhase, OpResult};
-use crate::machine::state::{OpRef, Side};
+use crate::lifecycle::Timestamp;
+use crate::lifecycle::agent::{AgentBuild, ArchiveUrl, InstallMode, Sha256Hex, Slot};
+use crate::lifecycle::result::{MachinePhase, OpResult};
+use crate::lifecycle::state::{OpRef, Side};
 use std::path::{Path, PathBuf};
 
 /// Where the simulated machine trees are (a name only: nothing is written).

@@ -3,10 +3,10 @@
 
 use super::world::*;
 use crate::effects::{EffectError, EffectResult};
-use crate::machine::Timestamp;
-use crate::machine::agent::{AgentBuild, Slot};
-use crate::machine::result::{MachinePhase, OpResult};
-use crate::machine::state::{OpRef, Side};
+use crate::lifecycle::Timestamp;
+use crate::lifecycle::agent::{AgentBuild, Slot};
+use crate::lifecycle::result::{MachinePhase, OpResult};
+use crate::lifecycle::state::{OpRef, Side};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -43,7 +43,7 @@ pub struct HostSnapshot {
     pub pending_restart_timers: usize,
     pub agent_restarts: u32,
     /// The first published result of each operation UID: reason and message.
-    pub results: BTreeMap<String, (crate::machine::result::ResultReason, String)>,
+    pub results: BTreeMap<String, (crate::lifecycle::result::ResultReason, String)>,
     /// The last Machine status written.
     pub machine_status: Option<(MachinePhase, String, Option<i64>)>,
 }

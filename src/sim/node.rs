@@ -7,11 +7,11 @@ use super::world::{PlannedCrash, World};
 use crate::config::NodeImage;
 use crate::effects::Effects;
 use crate::exec::{Clock, ExecError, Fed, Runner};
-use crate::machine::agent::{AgentBuild, InstallMode, Slot};
-use crate::machine::agent::{Arch, Sha256Hex};
-use crate::machine::input::{Claim, ClaimKind, JoinRequest};
-use crate::machine::state::{Goal, OpRef};
-use crate::machine::{Input, NodeState, Timestamp};
+use crate::lifecycle::agent::{AgentBuild, InstallMode, Slot};
+use crate::lifecycle::agent::{Arch, Sha256Hex};
+use crate::lifecycle::input::{Claim, ClaimKind, JoinRequest};
+use crate::lifecycle::state::{Goal, OpRef};
+use crate::lifecycle::{Input, NodeState, Timestamp};
 use crate::store::Store;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -46,7 +46,7 @@ impl Clock for SimClock {
 
 pub type SimRunner = Runner<SimHost, SimHost, SimHost, SimHost, SimClock>;
 
-pub use crate::machine::input::RECOVERY_MESSAGE;
+pub use crate::lifecycle::input::RECOVERY_MESSAGE;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
@@ -127,7 +127,7 @@ impl SimNode {
                 publisher: self.host.clone(),
             };
             let mut runner = Runner::new(store, fx, self.clock.clone());
-            runner.node_images = self.node_images.clone();
+            runner.set_node_images(self.node_images.clone());
             self.runner = Some(runner);
         }
         self.runner.as_mut().ok_or(ExecError::Crashed)
@@ -140,12 +140,12 @@ impl SimNode {
 
     /// The running process's store, to read without opening another connection.
     pub fn store(&self) -> Option<&Store> {
-        self.runner.as_ref().map(|r| &r.store)
+        self.runner.as_ref().map(|r| r.store())
     }
 
     /// Whether an agent daemon process runs (not a CLI process, not none).
     pub fn daemon_running(&self) -> bool {
-        self.runner.as_ref().is_some_and(|r| r.daemon)
+        self.runner.as_ref().is_some_and(|r| r.is_daemon())
     }
 
     fn sync_clock(&self) {
@@ -212,7 +212,7 @@ impl SimNode {
             self.stop_process();
             self.sync_clock();
             let runner = self.runner()?;
-            runner.daemon = false;
+            runner.set_daemon(false);
             // A command publishes what the store keeps, as the daemon does at its start.
             let resumed = match runner.resume().await {
                 Ok(()) => runner.flush_outbox().await.map(drop),
@@ -299,7 +299,7 @@ impl SimNode {
             self.stop_process();
             self.sync_clock();
             let runner = self.runner()?;
-            runner.daemon = false;
+            runner.set_daemon(false);
             let fed = runner
                 .feed(Input::RecoveryRequested {
                     message: RECOVERY_MESSAGE.into(),
@@ -332,7 +332,7 @@ impl SimNode {
             self.stop_process();
             self.sync_clock();
             let runner = self.runner()?;
-            runner.daemon = false;
+            runner.set_daemon(false);
             let mut input = Input::ResetRequested;
             let mut left = 16;
             let fed = loop {
@@ -387,7 +387,7 @@ impl SimNode {
         Ok(node)
     }
 
-    /// The node on disk in `dir` (`state/state.db`, `world.json`), for another OS process to
+    /// The node on disk in `dir` (the store file in its `state` folder, `world.json`), for another OS process to
     /// carry on from ([`SimNode::restore`]).
     pub fn save(&self, dir: &Path) -> Result<(), SimError> {
         copy_store(&self.path, &dir.join("state/state.db"))?;
@@ -446,13 +446,13 @@ impl SimNode {
     fn process(&self) -> Option<(bool, bool)> {
         self.runner
             .as_ref()
-            .map(|r| (r.daemon, r.restart_requested()))
+            .map(|r| (r.is_daemon(), r.restart_requested()))
     }
 
     fn start_process(&mut self, process: Option<(bool, bool)>) -> Result<(), SimError> {
         if let Some((daemon, restart_requested)) = process {
             let runner = self.runner()?;
-            runner.daemon = daemon;
+            runner.set_daemon(daemon);
             runner.set_restart_requested(restart_requested);
         }
         Ok(())
@@ -481,7 +481,7 @@ impl SimNode {
             self.stop_process();
             self.sync_clock();
             let runner = self.runner()?;
-            runner.daemon = false;
+            runner.set_daemon(false);
             let fed = runner.feed(input.clone()).await;
             if self.died() {
                 if self.stays_down {

@@ -3,10 +3,10 @@
 //! faults, and every call made.
 
 use crate::effects::{EffectError, EffectResult, machine_unit};
-use crate::machine::Timestamp;
-use crate::machine::agent::{AgentBuild, Slot};
-use crate::machine::result::{MachinePhase, OpResult};
-use crate::machine::state::{OpRef, Side};
+use crate::lifecycle::Timestamp;
+use crate::lifecycle::agent::{AgentBuild, Slot};
+use crate::lifecycle::result::{MachinePhase, OpResult};
+use crate::lifecycle::state::{OpRef, Side};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -1,7 +1,7 @@
 //! The append-only transition journal, read by `flexnode history` and `status`.
 
 use super::{StoreError, StoreReader};
-use crate::machine::Timestamp;
+use crate::lifecycle::Timestamp;
 use rusqlite::{Connection, params};
 use serde::Serialize;
 

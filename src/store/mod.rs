@@ -4,11 +4,12 @@
 //! A step is persisted as intent (next state + its effects, journal entry without outcome)
 //! before any effect runs, and its outcome after. After a crash the intent is still there.
 
+pub mod fault;
 pub mod journal;
 pub mod migrations;
 pub mod operations;
 
-use crate::machine::{Effect, Input, NodeState, Timestamp};
+use crate::lifecycle::{Effect, Input, NodeState, Timestamp};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
@@ -298,7 +299,7 @@ impl Store {
     }
 
     /// A committed write that changes nothing: whether the store can be written again after a
-    /// full disk or a read-only mount (src/reconcile/health.rs asks before it lets steps run).
+    /// full disk or a read-only mount (src/reconcile/fault.rs asks before it lets steps run).
     pub fn check_writable(&self) -> Result<(), StoreError> {
         self.conn()
             .execute("UPDATE node SET updated_at = updated_at WHERE id = 1", [])?;
@@ -551,7 +552,7 @@ fn check_integrity(conn: &Connection, path: &Path) -> Result<(), StoreError> {
 
 /// SQLite's own verdict of damage (a malformed page, not a database) is `Corrupt`; any other
 /// failure (a full disk, a read-only filesystem, an I/O error) stays what it was, so it is
-/// never taken for damage (src/reconcile/health.rs tells those apart).
+/// never taken for damage (src/store/fault.rs tells those apart).
 fn corrupt(path: &Path, e: rusqlite::Error) -> StoreError {
     use rusqlite::ffi::ErrorCode;
     match e {

@@ -2,9 +2,9 @@
 //! published and re-published (never re-executed) after a crash.
 
 use super::{Store, StoreError, StoreReader};
-use crate::machine::Timestamp;
-use crate::machine::result::{OpResult, ResultReason};
-use crate::machine::state::OpRef;
+use crate::lifecycle::Timestamp;
+use crate::lifecycle::result::{OpResult, ResultReason};
+use crate::lifecycle::state::OpRef;
 use rusqlite::{Connection, OptionalExtension, params};
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use crate::support;
 use flexnode::api::Machine;
 use flexnode::api::MachineOperation;
 use flexnode::api::machine_operation::{MachineOperationSpec, OperationKind, OperationPhase};
-use flexnode::machine::agent::InstallMode;
+use flexnode::lifecycle::agent::InstallMode;
 use flexnode::sim::{Build, FaultKind, SimHost};
 use flexnode_test_tier::tier;
 use k8s_openapi::api::core::v1::Node;
@@ -112,14 +112,7 @@ impl Scenario {
     /// The operation once Complete or Failed, its terminal status checked for consistency:
     /// `startedAt` ≤ `completedAt`, and the Completed condition changed at `completedAt`.
     async fn wait_terminal(&self, name: &str) -> MachineOperation {
-        let op = self
-            .wait_for(name, 60, |op| {
-                matches!(
-                    phase(op),
-                    Some(OperationPhase::Complete | OperationPhase::Failed)
-                )
-            })
-            .await;
+        let op = self.wait_for(name, 60, MachineOperation::is_terminal).await;
         let s = op.status.clone().expect("status");
         let completed = s
             .conditions

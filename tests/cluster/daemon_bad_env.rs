@@ -11,11 +11,11 @@ use flexnode::api::MachineOperation;
 use flexnode::api::machine_operation::{MachineOperationSpec, OperationKind, OperationPhase};
 use flexnode::effects::kube::KubePublisher;
 use flexnode::exec::Clock;
-use flexnode::machine::Timestamp;
-use flexnode::machine::agent::InstallMode;
-use flexnode::machine::fault::{Fault, FaultKind};
-use flexnode::machine::policy::Policy;
-use flexnode::machine::result::MachinePhase;
+use flexnode::lifecycle::Timestamp;
+use flexnode::lifecycle::agent::InstallMode;
+use flexnode::lifecycle::fault::{Fault, FaultKind};
+use flexnode::lifecycle::policy::Policy;
+use flexnode::lifecycle::result::MachinePhase;
 use flexnode::reconcile::DaemonConfig;
 use flexnode::reconcile::clock::{SteadyClock, boottime};
 use flexnode::sim::Build;
@@ -71,13 +71,6 @@ async fn op_when(
 
 fn phase(op: &MachineOperation) -> Option<OperationPhase> {
     op.status.as_ref().and_then(|s| s.phase)
-}
-
-fn terminal(op: &MachineOperation) -> bool {
-    matches!(
-        phase(op),
-        Some(OperationPhase::Complete | OperationPhase::Failed)
-    )
 }
 
 /// The Machine's phase and `NodeUpdated` reason.
@@ -215,7 +208,7 @@ async fn a_full_disk_holds_new_work_and_loses_none(lab: &Lab, client: &Client) {
 
     // Space comes back: the agent resumes by itself, runs it once, says the fault is over.
     std::fs::remove_file(&filler).expect("free the space");
-    let op = op_when(&client, "reboot-full", 60, terminal).await;
+    let op = op_when(&client, "reboot-full", 60, MachineOperation::is_terminal).await;
     assert_eq!(
         phase(&op),
         Some(OperationPhase::Complete),
@@ -299,7 +292,7 @@ async fn a_hand_off_is_judged_once_the_store_takes_writes(lab: &Lab, client: &Cl
         "judged on a full disk"
     );
     std::fs::remove_file(&filler).expect("free the space");
-    let op = op_when(&client, "upgrade-full", 60, terminal).await;
+    let op = op_when(&client, "upgrade-full", 60, MachineOperation::is_terminal).await;
     let s = op.status.expect("status");
     assert_eq!(s.phase, Some(OperationPhase::Complete), "{s:?}");
     assert_eq!(s.message.as_deref(), Some("AgentUpgrade completed"));
@@ -445,7 +438,7 @@ async fn hand_off_deadline_with_jump(lab: &Lab, client: &Client, node: &str, jum
     .expect("the restart timer");
     let handing_off = Instant::now();
     offset.store(jump_ms, Ordering::SeqCst);
-    let done = op_when(client, &op, 30, terminal).await;
+    let done = op_when(client, &op, 30, MachineOperation::is_terminal).await;
     let took = handing_off.elapsed();
     let s = done.status.expect("status");
     assert_eq!(s.phase, Some(OperationPhase::Failed), "{s:?}");

@@ -3,8 +3,8 @@
 
 use crate::support;
 
-use flexnode::machine::agent::InstallMode;
-use flexnode::reconcile::client_from_kubeconfig;
+use flexnode::config::kubeconfig::client_from_kubeconfig;
+use flexnode::lifecycle::agent::InstallMode;
 use flexnode::sim::Build;
 use flexnode_test_tier::tier;
 use kube::api::Api;

@@ -7,7 +7,7 @@ use crate::support;
 
 use flexnode::api::MachineOperation;
 use flexnode::api::machine_operation::OperationPhase;
-use flexnode::machine::agent::InstallMode;
+use flexnode::lifecycle::agent::InstallMode;
 use flexnode::sim::FaultKind;
 use flexnode_test_tier::tier;
 use futures::StreamExt;
@@ -68,10 +68,7 @@ fn track(api: Api<MachineOperation>) -> Arc<Mutex<InFlight>> {
                 .and_then(|l| l.get(LABEL))
                 .cloned()
                 .unwrap_or_default();
-            let terminal = matches!(
-                op.status.as_ref().and_then(|s| s.phase),
-                Some(OperationPhase::Complete | OperationPhase::Failed)
-            );
+            let terminal = op.is_terminal();
             let mut s = shared.lock().expect("lock");
             if terminal {
                 s.going.remove(&name);

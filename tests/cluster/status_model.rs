@@ -10,7 +10,7 @@ use crate::support;
 
 use flexnode::api::machine_operation::OperationPhase;
 use flexnode::api::{Machine, MachineOperation};
-use flexnode::machine::agent::InstallMode;
+use flexnode::lifecycle::agent::InstallMode;
 use flexnode::reconcile::DaemonConfig;
 use flexnode_test_tier::tier;
 use futures::StreamExt;

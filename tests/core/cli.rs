@@ -1,7 +1,7 @@
 //! The `flexnode` binary: status and history read the store directly (daemon not needed).
 
-use flexnode::machine::Timestamp;
-use flexnode::machine::agent::InstallMode;
+use flexnode::lifecycle::Timestamp;
+use flexnode::lifecycle::agent::InstallMode;
 use flexnode::sim::Build;
 use flexnode::sim::{SimNode, upgrade};
 use std::process::{Command, Output};

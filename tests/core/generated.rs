@@ -59,17 +59,17 @@ fn samples_parse_as_the_api_types() {
 #[test]
 fn design_doc_shows_the_current_state_diagram() {
     let doc = repo("docs/design.md");
-    let diagram = flexnode::machine::table::mermaid();
+    let diagram = flexnode::lifecycle::table::mermaid();
     assert!(
         doc.contains(&diagram),
         "docs/design.md is stale: paste the output of `cargo run --bin crdgen -- --diagram`:\n{diagram}"
     );
 }
 
-/// The core stays pure: no runtime, I/O, clock or platform crates in `src/machine/`.
+/// The core stays pure: no runtime, I/O, clock or platform crates in `src/lifecycle/`.
 #[test]
 fn the_core_imports_no_effects() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/machine");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lifecycle");
     let forbidden = [
         "tokio",
         "kube::",
@@ -89,7 +89,7 @@ fn the_core_imports_no_effects() {
     let mut files = 0;
     let mut dirs = vec![dir];
     while let Some(d) = dirs.pop() {
-        for entry in std::fs::read_dir(&d).expect("src/machine") {
+        for entry in std::fs::read_dir(&d).expect("src/lifecycle") {
             let path = entry.expect("entry").path();
             if path.is_dir() {
                 dirs.push(path);
@@ -115,7 +115,7 @@ fn the_core_imports_no_effects() {
             }
         }
     }
-    assert!(files >= 14, "only {files} files in src/machine");
+    assert!(files >= 14, "only {files} files in src/lifecycle");
 }
 
 /// Every `.rs` file under `src/<dir>`, with its text.
@@ -168,7 +168,7 @@ fn names_crate_tells_a_crate_from_a_word() {
 /// (and the simulated node) only; the CLI's shared modules import no command module.
 #[test]
 fn the_layers_keep_their_rules() {
-    for dir in ["src/effects", "src/exec", "src/machine", "src/store"] {
+    for dir in ["src/effects", "src/exec", "src/lifecycle", "src/store"] {
         for (file, code) in sources(dir) {
             if file != "src/effects/kube.rs" {
                 assert!(

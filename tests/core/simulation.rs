@@ -1,11 +1,11 @@
 //! The real core, store and executor against the simulated host (the crashes at every effect
 //! boundary of every transition: `tests/crash_simulation/main.rs`).
 
-use flexnode::machine::agent::{AgentBuild, InstallMode, Slot};
-use flexnode::machine::input::ClaimKind;
-use flexnode::machine::result::ResultReason;
-use flexnode::machine::state::Side;
-use flexnode::machine::{Input, NodeState, Timestamp};
+use flexnode::lifecycle::agent::{AgentBuild, InstallMode, Slot};
+use flexnode::lifecycle::input::ClaimKind;
+use flexnode::lifecycle::result::ResultReason;
+use flexnode::lifecycle::state::Side;
+use flexnode::lifecycle::{Input, NodeState, Timestamp};
 use flexnode::sim::{ApiWrite, Build, FaultKind};
 use flexnode::sim::{SimNode, upgrade};
 
@@ -33,12 +33,12 @@ const NODE_IMAGE: &str = "cccccccccccccccccccccccccccccccccccccccccccccccccccccc
 /// The node image the simulated registry serves.
 fn node_image() -> flexnode::config::NodeImage {
     flexnode::config::NodeImage {
-        image: flexnode::machine::agent::ImageRef {
+        image: flexnode::lifecycle::agent::ImageRef {
             registry: "registry.example".into(),
             repository: "node".into(),
             tag: None,
         },
-        digest: flexnode::machine::agent::Sha256Hex::parse(NODE_IMAGE).expect("digest"),
+        digest: flexnode::lifecycle::agent::Sha256Hex::parse(NODE_IMAGE).expect("digest"),
     }
 }
 
@@ -128,12 +128,14 @@ async fn join_from_a_node_image_pulls_unpacks_and_waits_for_the_node() {
     assert!(matches!(state(&mut node), NodeState::Ready { .. }));
     // The daemon's status shows the Node as the join saw it.
     let reader = flexnode::store::StoreReader::open(&node.path).expect("reader");
-    let report = flexnode::report::build(&reader).expect("report");
+    let report = flexnode::status_report::build(&reader).expect("report");
     let kubelet = report.kubelet.expect("the Node as last seen");
     assert_eq!(kubelet.node.ready, "True");
     assert!(
-        flexnode::report::render_human(&flexnode::report::build(&reader).expect("report"))
-            .contains("Kubelet:          Ready=True (KubeletReady)")
+        flexnode::status_report::render_human(
+            &flexnode::status_report::build(&reader).expect("report")
+        )
+        .contains("Kubelet:          Ready=True (KubeletReady)")
     );
 }
 
@@ -185,7 +187,7 @@ async fn host_upgrade_hands_off_to_the_successor_which_publishes() {
     let journal = node
         .runner()
         .expect("open")
-        .store
+        .store()
         .journal(100)
         .expect("journal");
     assert!(journal.len() >= 6);
@@ -218,8 +220,8 @@ async fn crash_looping_candidate_is_rolled_back_by_the_recovery_unit() {
     assert_eq!(results_for(&node, "u2")[0].0, ResultReason::Succeeded);
 }
 
-/// The recovery restarts the agent even when resetting its failed state fails (domain.md
-/// §7.1.8): the restart is what brings the last-good build back.
+/// The recovery restarts the agent even when resetting its failed state fails: the restart is
+/// what brings the last-good build back.
 #[tokio::test]
 async fn the_recovery_restarts_the_agent_when_its_failed_state_cannot_be_reset() {
     let dir = tempfile::tempdir().expect("tmp");
@@ -275,7 +277,7 @@ async fn only_images_the_agent_pulled_are_removed() {
         !node
             .runner()
             .expect("open")
-            .store
+            .store()
             .is_agent_image(IMAGE)
             .expect("query")
     );
@@ -404,7 +406,7 @@ async fn reset_result_waits_in_the_store_when_the_api_is_down() {
     let waiting = node
         .runner()
         .expect("open")
-        .store
+        .store()
         .unpublished()
         .expect("outbox");
     assert_eq!(waiting.len(), 1);
@@ -420,7 +422,7 @@ async fn reset_result_waits_in_the_store_when_the_api_is_down() {
 
 #[tokio::test]
 async fn deletion_signal_resets_the_node() {
-    use flexnode::machine::input::{GoalObservation, MachineObservation, NodeObservation};
+    use flexnode::lifecycle::input::{GoalObservation, MachineObservation, NodeObservation};
     let dir = tempfile::tempdir().expect("tmp");
     let mut node = joined(&dir, InstallMode::Host).await;
     node.feed(Input::GoalObserved(GoalObservation {
@@ -437,8 +439,8 @@ async fn deletion_signal_resets_the_node() {
 
 #[tokio::test]
 async fn repave_rolls_back_when_the_new_side_fails_after_the_old_one_stopped() {
-    use flexnode::machine::input::{GoalObservation, MachineObservation, NodeObservation};
-    use flexnode::machine::state::Goal;
+    use flexnode::lifecycle::input::{GoalObservation, MachineObservation, NodeObservation};
+    use flexnode::lifecycle::state::Goal;
     let dir = tempfile::tempdir().expect("tmp");
     let mut node = joined(&dir, InstallMode::Host).await;
     node.host
@@ -526,7 +528,7 @@ async fn a_rolled_back_image_is_removed_at_the_next_daemon_start() {
     assert_eq!(results_for(&node, "u1")[0].0, ResultReason::DaemonFailed);
     // The restored build's daemon judged the rollback, then removed what nothing runs again.
     assert!(!node.host.world().images.contains_key(IMAGE));
-    let store = &node.runner().expect("open").store;
+    let store = &node.runner().expect("open").store();
     assert!(!store.is_agent_image(IMAGE).expect("query"));
     assert!(store.agent_images().expect("list").is_empty());
 }

@@ -1,8 +1,8 @@
 //! The SQLite store: migrations, intent/outcome, a second writer, crashes, damaged files.
 
-use flexnode::machine::result::{OpResult, ResultReason};
-use flexnode::machine::state::OpRef;
-use flexnode::machine::{Effect, Input, NodeState, Timestamp};
+use flexnode::lifecycle::result::{OpResult, ResultReason};
+use flexnode::lifecycle::state::OpRef;
+use flexnode::lifecycle::{Effect, Input, NodeState, Timestamp};
 use flexnode::store::migrations::SCHEMA_VERSION;
 use flexnode::store::{Store, StoreError, StoreReader};
 use std::os::unix::fs::PermissionsExt;

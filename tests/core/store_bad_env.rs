@@ -5,9 +5,9 @@
 
 use crate::support;
 
-use flexnode::machine::fault::FaultKind;
-use flexnode::machine::{Effect, Input, NodeState, Timestamp};
-use flexnode::reconcile::health;
+use flexnode::lifecycle::fault::FaultKind;
+use flexnode::lifecycle::{Effect, Input, NodeState, Timestamp};
+use flexnode::store::fault;
 use flexnode::store::migrations::SCHEMA_VERSION;
 use flexnode::store::{Store, StoreError, StoreReader};
 use std::path::{Path, PathBuf};
@@ -24,7 +24,7 @@ fn flexnode(args: &[&str]) -> Output {
 }
 
 fn kind(e: &StoreError, p: &Path) -> Option<FaultKind> {
-    health::of_store(e, p).map(|f| f.kind)
+    fault::of_store(e, p).map(|f| f.kind)
 }
 
 /// A store with some history, checkpointed: every byte in the main file.

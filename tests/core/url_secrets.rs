@@ -17,9 +17,9 @@
 use crate::fuzz::{archive_url, common, oci_ref, upgrade_params};
 
 use common::{MARKER, secret_in};
-use flexnode::machine::agent::{Arch, InstallMode, redact_url};
-use flexnode::machine::table::BASE;
-use flexnode::machine::validate::{PARAM_SHA256, PARAM_URL, validate_upgrade};
+use flexnode::lifecycle::agent::{Arch, InstallMode, redact_url};
+use flexnode::lifecycle::table::BASE;
+use flexnode::lifecycle::validate::{PARAM_SHA256, PARAM_URL, validate_upgrade};
 use flexnode::sim::{Build, SimNode, upgrade};
 use flexnode::store::StoreReader;
 use proptest::prelude::*;
@@ -212,7 +212,7 @@ fn simulated_node(raw: &str, mode: InstallMode, served: bool) -> String {
             };
             if served {
                 // Served where the agent downloads from: the URL as validation accepted it.
-                if let Ok(flexnode::machine::agent::UpgradeTarget::Archive { url, .. }) =
+                if let Ok(flexnode::lifecycle::agent::UpgradeTarget::Archive { url, .. }) =
                     validate_upgrade(InstallMode::Host, Arch::Amd64, &params(raw))
                 {
                     node.host.serve_artifact(url.expose(), HEX, v2.clone());
@@ -233,8 +233,8 @@ fn simulated_node(raw: &str, mode: InstallMode, served: bool) -> String {
     }
     let reader = StoreReader::open(&path).expect("open the store");
     shown.push_str(&format!("{:?}", reader.journal(1000).expect("journal")));
-    let report = flexnode::report::build(&reader).expect("status");
-    shown.push_str(&flexnode::report::render_human(&report));
+    let report = flexnode::status_report::build(&reader).expect("status");
+    shown.push_str(&flexnode::status_report::render_human(&report));
     shown.push_str(&serde_json::to_string(&report).expect("json"));
     shown.push_str(&logs.text());
     shown.push_str(&json_logs.text());

@@ -1,5 +1,5 @@
 //! The crash simulation, exhaustive over the core's transition table (`crash/`): for every
-//! labelled transition of `flexnode::machine::table`, the first scenario that shows it
+//! labelled transition of `flexnode::lifecycle::table`, the first scenario that shows it
 //! is run again with a death before and after every event of its action — every host call
 //! (an effect, a probe, a status write) and every commit of the store (the intent, the
 //! outcome, the claim and result written with them) — and with a second death at every event

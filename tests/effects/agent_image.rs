@@ -10,7 +10,7 @@ use crate::support;
 
 use flate2::read::GzDecoder;
 use flexnode::effects::Containerd;
-use flexnode::machine::agent::Sha256Hex;
+use flexnode::lifecycle::agent::Sha256Hex;
 use flexnode_test_tier::tier;
 use serde_json::Value;
 use std::collections::BTreeSet;

@@ -9,7 +9,7 @@ use crate::support;
 
 use flexnode::effects::Containerd;
 use flexnode::effects::containerd::GrpcContainerd;
-use flexnode::machine::agent::Sha256Hex;
+use flexnode::lifecycle::agent::Sha256Hex;
 use sha2::{Digest, Sha256};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
@@ -190,7 +190,7 @@ async fn layers_apply_in_order_with_whiteouts_and_metadata(flavor: Flavor) {
         .unpack_image_into(&digest, &tree)
         .await
         .expect("unpack");
-    // The daemon's sign of life during a long unpack (src/reconcile/liveness.rs): per chunk
+    // The daemon's sign of life during a long unpack (src/reconcile/notify.rs): per chunk
     // of each layer streamed out of the content store.
     assert!(
         beats.load(Ordering::Relaxed) >= pulled + 2,
@@ -284,7 +284,7 @@ async fn a_layer_reaching_outside_through_a_symlink_is_refused(flavor: Flavor) {
 async fn a_side_is_provisioned_from_a_node_image_with_its_kubelet_files(flavor: Flavor) {
     use flexnode::effects::host::{FsHost, HostLayout, KubeletInputs, NSPAWN_KUBELET_SETTINGS};
     use flexnode::effects::{Host, MachineTree};
-    use flexnode::machine::state::Side;
+    use flexnode::lifecycle::state::Side;
     let tier = Tier::up(flavor);
     let work = tempfile::tempdir().expect("tmp");
     let image = layer(&[

@@ -7,8 +7,8 @@ use crate::support;
 
 use flexnode::effects::systemd::{DbusSystemd, RESTART_UNIT_PREFIX};
 use flexnode::effects::{EffectError, Systemd, machine_unit};
-use flexnode::machine::Timestamp;
-use flexnode::machine::state::Side;
+use flexnode::lifecycle::Timestamp;
+use flexnode::lifecycle::state::Side;
 use flexnode_test_tier::tier;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -583,7 +583,7 @@ async fn the_bootstrap_unit_runs_until_the_join_enabled_the_agent() {
         .expect("connect to the container's systemd")
         .with_unit_dir(&c.units)
         .with_job_timeout(Duration::from_secs(30));
-    flexnode::exec::write_units(&sd, flexnode::machine::agent::InstallMode::Host)
+    flexnode::exec::write_units(&sd, flexnode::lifecycle::agent::InstallMode::Host)
         .await
         .expect("the host install's units written");
     let condition = |expected: &'static str| {

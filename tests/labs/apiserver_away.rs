@@ -15,7 +15,7 @@ use crate::support::hostnode::HostNode;
 use crate::support::logs;
 use flexnode::api::machine_operation::{MachineOperationSpec, OperationKind, OperationPhase};
 use flexnode::api::{Machine, MachineOperation};
-use flexnode::machine::agent::InstallMode;
+use flexnode::lifecycle::agent::InstallMode;
 use flexnode::sim::SimHost;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp as JiffTime;

@@ -283,14 +283,7 @@ impl Case<'_> {
 
     /// `name` finished once, `Complete`, and the Machine is back at `Ready`/`Applied`.
     async fn ran_once(&self, name: &str) {
-        let op = self
-            .op(name, |op| {
-                matches!(
-                    op.status.as_ref().and_then(|s| s.phase),
-                    Some(OperationPhase::Complete | OperationPhase::Failed)
-                )
-            })
-            .await;
+        let op = self.op(name, MachineOperation::is_terminal).await;
         let s = op.status.expect("status");
         assert_eq!(s.phase, Some(OperationPhase::Complete), "{name}: {s:?}");
         assert_eq!(s.message.as_deref(), Some("NodeReboot completed"));

@@ -329,7 +329,7 @@ async fn terminal(client: &Client, name: &str) -> (OperationPhase, String) {
     wait_for(Duration::from_secs(120), || async {
         let status = api.get(name).await.expect("read the operation").status?;
         let phase = status.phase?;
-        matches!(phase, OperationPhase::Complete | OperationPhase::Failed).then(|| {
+        phase.is_terminal().then(|| {
             let reason = status
                 .conditions
                 .iter()

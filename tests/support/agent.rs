@@ -6,10 +6,11 @@ use flexnode::api::Machine;
 use flexnode::api::MachineOperation;
 use flexnode::api::machine::{KubernetesSpec, MachineSpec};
 use flexnode::api::machine_operation::{MachineOperationSpec, OperationKind};
+use flexnode::config::kubeconfig::client_from_kubeconfig;
 use flexnode::exec::Clock;
-use flexnode::machine::Timestamp;
-use flexnode::machine::agent::InstallMode;
-use flexnode::reconcile::{DaemonConfig, client_from_kubeconfig};
+use flexnode::lifecycle::Timestamp;
+use flexnode::lifecycle::agent::InstallMode;
+use flexnode::reconcile::DaemonConfig;
 use flexnode::sim::SimHost;
 use flexnode::sim::SimNode;
 use k8s_openapi::api::core::v1::Node;
@@ -28,8 +29,8 @@ pub struct Agent {
     config: DaemonConfig,
     /// The clock and policy the daemon runs with (default: the system's, the defaults).
     pub clock: Option<flexnode::reconcile::clock::SteadyClock>,
-    pub policy: Option<flexnode::machine::policy::Policy>,
-    task: Option<tokio::task::JoinHandle<Result<(), flexnode::reconcile::owner::DaemonError>>>,
+    pub policy: Option<flexnode::lifecycle::policy::Policy>,
+    task: Option<tokio::task::JoinHandle<Result<(), flexnode::exec::ExecError>>>,
     _dir: tempfile::TempDir,
 }
 
@@ -102,10 +103,10 @@ impl Agent {
             .await
             .expect("the daemon's store");
             if let Some(clock) = clock {
-                runner.clock = clock;
+                runner.set_clock(clock);
             }
             if let Some(policy) = policy {
-                runner.policy = policy;
+                runner.set_policy(policy);
             }
             let result =
                 flexnode::reconcile::run(config, client, runner, running, std::future::pending())

@@ -3,7 +3,7 @@
 
 use flexnode::effects::containerd::{GrpcContainerd, RegistryConfig};
 use flexnode::effects::http::Trust;
-use flexnode::machine::agent::Sha256Hex;
+use flexnode::lifecycle::agent::Sha256Hex;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

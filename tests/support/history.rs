@@ -32,10 +32,7 @@ pub struct Seen {
 
 impl Seen {
     pub fn terminal(&self) -> bool {
-        matches!(
-            self.phase,
-            Some(OperationPhase::Complete | OperationPhase::Failed)
-        )
+        self.phase.is_some_and(OperationPhase::is_terminal)
     }
 }
 

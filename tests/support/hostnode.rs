@@ -176,11 +176,10 @@ impl HostNode {
             .expect("create the AgentUpgrade");
         let status = wait_for(Duration::from_secs(120), || async {
             let status = api.get(op).await.expect("read the AgentUpgrade").status?;
-            matches!(
-                status.phase,
-                Some(OperationPhase::Complete | OperationPhase::Failed)
-            )
-            .then_some(status)
+            status
+                .phase
+                .is_some_and(OperationPhase::is_terminal)
+                .then_some(status)
         })
         .await
         .unwrap_or_else(|| panic!("{op} did not finish in 120 s\n{}", self.journal_text(since)));

@@ -51,7 +51,7 @@ pub(crate) async fn client(flag: Option<PathBuf>) -> Result<kube::Client, Failur
             path.display()
         )));
     }
-    match crate::reconcile::client_from_kubeconfig(&path).await {
+    match crate::config::kubeconfig::client_from_kubeconfig(&path).await {
         Ok(client) => Ok(client),
         Err(kube::Error::InferKubeconfig(e)) => Err(Failure::config(format!(
             "kubeconfig {}: {e}",

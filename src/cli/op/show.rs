@@ -6,7 +6,7 @@ use super::{REDACTED, api_failure, unix_now};
 use crate::api::MachineOperation;
 use crate::api::machine_operation::{MachineOperationSpec, OperationPhase};
 use crate::cli::{Failure, Output};
-use crate::machine::agent::redact_url;
+use crate::lifecycle::agent::redact_url;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use kube::api::{Api, ListParams};
 use std::process::ExitCode;

@@ -251,7 +251,7 @@ async fn template_of(ops: &Api<MachineOperation>, record: &Record) -> Result<Tem
         .spec
         .parameters
         .as_ref()
-        .and_then(|p| p.get(crate::machine::validate::PARAM_URL).cloned());
+        .and_then(|p| p.get(crate::lifecycle::validate::PARAM_URL).cloned());
     Ok(Template {
         kind: first.spec.operation_kind,
         parameters: first.spec.parameters,

@@ -4,7 +4,7 @@
 
 use super::{GrpcContainerd, TaskIo};
 use crate::effects::{EffectError, EffectResult};
-use crate::machine::agent::Sha256Hex;
+use crate::lifecycle::agent::Sha256Hex;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;

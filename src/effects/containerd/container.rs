@@ -9,7 +9,7 @@ use super::spec::{
 };
 use super::{GrpcContainerd, chain_ids, grpc_failed, is_agent_pulled, parse_json, verify};
 use crate::effects::{EffectError, EffectResult};
-use crate::machine::agent::Sha256Hex;
+use crate::lifecycle::agent::Sha256Hex;
 use containerd_client::services::v1::container::Runtime as ContainerRuntime;
 use containerd_client::services::v1::snapshots::{
     MountsRequest, PrepareSnapshotRequest, RemoveSnapshotRequest, StatSnapshotRequest,

@@ -8,7 +8,7 @@ use super::{
     GrpcContainerd, LEASE_EXPIRY_SECS, MAX_LAYER, MAX_SMALL_BLOB, WRITE_CHUNK, grpc_failed, len_i64,
 };
 use crate::effects::{EffectError, EffectResult};
-use crate::machine::Timestamp;
+use crate::lifecycle::Timestamp;
 use containerd_client::services::v1::{
     AbortRequest, CreateRequest as CreateLeaseRequest, DeleteRequest as DeleteLeaseRequest,
     Info as ContentInfo, InfoRequest, ReadContentRequest, ReadContentResponse,

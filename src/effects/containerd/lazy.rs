@@ -3,7 +3,7 @@
 
 use super::{GrpcContainerd, Heartbeat, RegistryConfig};
 use crate::effects::{Containerd, EffectResult};
-use crate::machine::agent::Sha256Hex;
+use crate::lifecycle::agent::Sha256Hex;
 use std::path::{Path, PathBuf};
 use tokio::sync::OnceCell;
 

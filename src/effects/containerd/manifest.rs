@@ -5,7 +5,7 @@ use super::{
     MEDIA_DOCKER_LIST, MEDIA_DOCKER_MANIFEST, MEDIA_OCI_INDEX, MEDIA_OCI_MANIFEST, parse_json,
 };
 use crate::effects::{EffectError, EffectResult};
-use crate::machine::agent::Sha256Hex;
+use crate::lifecycle::agent::Sha256Hex;
 use containerd_client::types::Descriptor;
 use std::collections::HashMap;
 

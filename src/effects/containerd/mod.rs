@@ -46,7 +46,7 @@ pub use spec::{BindMount, MANAGED_LABEL, MANAGED_VALUE, RUNC_RUNTIME, SPEC_TYPE_
 
 use super::host::agent_image_ref;
 use super::{Containerd, EffectError, EffectResult};
-use crate::machine::agent::Sha256Hex;
+use crate::lifecycle::agent::Sha256Hex;
 use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClient;
 use containerd_client::services::v1::{
     CreateImageRequest, DeleteImageRequest, Image, ListImagesRequest,

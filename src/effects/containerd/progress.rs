@@ -57,7 +57,7 @@ pub(super) fn log_progress() -> ProgressFn {
 
 /// A sign of life from inside one long effect (a layer streamed into the content store or
 /// unpacked into a machine's tree, per chunk): the daemon feeds systemd's watchdog and start
-/// timeout with it (`src/reconcile/liveness.rs`), so a slow pull or unpack is not mistaken for
+/// timeout with it (`src/reconcile/notify.rs`), so a slow pull or unpack is not mistaken for
 /// a wedged agent. Called on the working task, often: it should be quick.
 pub type Heartbeat = Arc<dyn Fn() + Send + Sync>;
 

@@ -9,7 +9,7 @@ use super::{
     chain_ids, grpc_failed, is_agent_pulled, len_i64, parse_json, verify,
 };
 use crate::effects::{EffectError, EffectResult};
-use crate::machine::agent::Sha256Hex;
+use crate::lifecycle::agent::Sha256Hex;
 use containerd_client::services::v1::{
     CreateImageRequest, GetImageRequest, Image, UpdateImageRequest,
 };

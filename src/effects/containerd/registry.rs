@@ -8,7 +8,7 @@
 use super::{MEDIA_DOCKER_LIST, MEDIA_DOCKER_MANIFEST, MEDIA_OCI_INDEX, MEDIA_OCI_MANIFEST};
 use crate::effects::http::{self, Trust, describe, ensure_crypto_provider};
 use crate::effects::{EffectError, EffectResult};
-use crate::machine::agent::Sha256Hex;
+use crate::lifecycle::agent::Sha256Hex;
 use futures::StreamExt;
 use futures::stream::{BoxStream, Fuse};
 use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};

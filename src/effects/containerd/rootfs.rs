@@ -14,7 +14,7 @@ use crate::effects::archive::{Capped, hit_unpacked_cap};
 use crate::effects::fs::{io_failed, remove_no_follow, remove_tree};
 use crate::effects::host::resolve_in_root;
 use crate::effects::{EffectError, EffectResult};
-use crate::machine::agent::Sha256Hex;
+use crate::lifecycle::agent::Sha256Hex;
 use crate::text::one_line;
 use sha2::{Digest, Sha256};
 use std::collections::HashSet;

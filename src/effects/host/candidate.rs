@@ -2,7 +2,7 @@
 //! environment, bounded in time and output.
 
 use crate::effects::{EffectError, EffectResult};
-use crate::machine::agent::AgentBuild;
+use crate::lifecycle::agent::AgentBuild;
 use std::io::ErrorKind;
 use std::path::Path;
 use std::process::Stdio;

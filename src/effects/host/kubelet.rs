@@ -10,6 +10,9 @@
 use crate::effects::containerd::basic_credentials;
 use crate::effects::fs::read_small;
 use crate::effects::{EffectError, EffectResult};
+use crate::lifecycle::validate::{
+    POD_RANGE_FROM_CLUSTER, parse_pinned_image, valid_bootstrap_token, valid_pod_range,
+};
 use std::path::{Path, PathBuf};
 
 /// Where the node image's kubelet unit reads its arguments (`e2e/node-image/build`).
@@ -28,7 +31,7 @@ pub struct KubeletSettings<'a> {
     /// The cluster CA, PEM.
     pub ca_pem: &'a [u8],
     pub credential: KubeletCredential<'a>,
-    /// The pod sandbox image, a reference of `[A-Za-z0-9._/:@-]`.
+    /// The pod sandbox image, pinned by digest (`parse_pinned_image`: no quote or newline).
     pub sandbox_image: &'a str,
     /// The bridge network's pod range, e.g. `10.88.0.0/16`, or [`POD_RANGE_FROM_CLUSTER`].
     pub pod_cidr: &'a str,
@@ -81,7 +84,7 @@ pub struct MachineFile {
 pub enum KubeletSettingsError {
     #[error("the bootstrap token is not of the form [a-z0-9]{{6}}.[a-z0-9]{{16}}")]
     BootstrapToken,
-    #[error("the sandbox image {0:?} is not an image reference")]
+    #[error("the sandbox image {0:?} is not an image pinned by digest")]
     SandboxImage(String),
     #[error("the pod range {0:?} is not an IPv4 CIDR")]
     PodCidr(String),
@@ -89,35 +92,6 @@ pub enum KubeletSettingsError {
     Server,
     #[error("the registry host {0:?} is not a host[:port]")]
     Registry(String),
-}
-
-pub fn valid_token(t: &str) -> bool {
-    let lower = |s: &str, n: usize| {
-        s.len() == n
-            && s.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-    };
-    t.split_once('.')
-        .is_some_and(|(id, secret)| lower(id, 6) && lower(secret, 16))
-}
-
-pub fn valid_reference(r: &str) -> bool {
-    !r.is_empty()
-        && r.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._/:@-".contains(&b))
-}
-
-/// The `podCIDR` that takes each node's pod range from the cluster: the range the
-/// controller-manager allocates in `Node.spec.podCIDR`, which the kubelet hands to containerd
-/// (CRI `UpdateRuntimeConfig`), which renders the bridge network from a template. Until then
-/// the node has no pod network (the kubelet reports it not ready); a cluster network that
-/// writes its own CNI configuration is used instead and the template never rendered.
-pub const POD_RANGE_FROM_CLUSTER: &str = "cluster";
-
-pub fn valid_cidr(c: &str) -> bool {
-    c.split_once('/').is_some_and(|(ip, bits)| {
-        ip.parse::<std::net::Ipv4Addr>().is_ok() && bits.parse::<u8>().is_ok_and(|b| b <= 32)
-    })
 }
 
 fn file(path: &str, contents: String, mode: u32) -> MachineFile {
@@ -131,13 +105,13 @@ fn file(path: &str, contents: String, mode: u32) -> MachineFile {
 /// Every value of `s` that a file quotes, checked (never quoting a credential back).
 fn validate(s: &KubeletSettings) -> Result<(), KubeletSettingsError> {
     let KubeletCredential::BootstrapToken(token) = s.credential;
-    if !valid_token(token) {
+    if !valid_bootstrap_token(token) {
         return Err(KubeletSettingsError::BootstrapToken);
     }
-    if !valid_reference(s.sandbox_image) {
+    if parse_pinned_image(s.sandbox_image).is_err() {
         return Err(KubeletSettingsError::SandboxImage(s.sandbox_image.into()));
     }
-    if s.pod_cidr != POD_RANGE_FROM_CLUSTER && !valid_cidr(s.pod_cidr) {
+    if !valid_pod_range(s.pod_cidr) {
         return Err(KubeletSettingsError::PodCidr(s.pod_cidr.into()));
     }
     if !s.server.starts_with("https://") || s.server.contains(char::is_whitespace) {
@@ -474,7 +448,7 @@ mod tests {
             server: "https://10.0.2.100:6443",
             ca_pem: b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
             credential: KubeletCredential::BootstrapToken(token),
-            sandbox_image: "10.0.2.100:5000/lab/pause@sha256:00",
+            sandbox_image: "10.0.2.100:5000/lab/pause@sha256:ee6521f290b2168b6e0935a181d4cff9be1ac3f505666ef0e3c98fae8199917a",
             pod_cidr: "10.88.0.0/16",
             node_ip: Some(std::net::IpAddr::from([10, 0, 2, 15])),
             registries: vec![RegistryAccess {
@@ -675,7 +649,7 @@ mod tests {
             bootstrap_token_file: token,
             trusted_ca_file: Some(ca),
             registry_credentials_file: Some(creds),
-            sandbox_image: "registry.example/pause:3.10".into(),
+            sandbox_image: "registry.example/pause:3.10@sha256:ee6521f290b2168b6e0935a181d4cff9be1ac3f505666ef0e3c98fae8199917a".into(),
             pod_cidr: "10.88.0.0/16".into(),
         };
         let files = files_from(&inputs).expect("files");

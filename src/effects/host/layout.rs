@@ -5,8 +5,8 @@ use super::root::resolve_in_root;
 use crate::effects::archive::BINARY_NAME;
 use crate::effects::fs::io_failed;
 use crate::effects::{EffectError, EffectResult};
-use crate::machine::agent::{AgentBuild, Sha256Hex, Slot};
-use crate::machine::state::Side;
+use crate::lifecycle::agent::{AgentBuild, Sha256Hex, Slot};
+use crate::lifecycle::state::Side;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 

@@ -12,8 +12,8 @@ use crate::effects::fs::{
     remove_tree, replace_symlink, sweep_temps, sync_dir, sync_filesystem, write_file_atomic,
 };
 use crate::effects::{EffectError, EffectResult, MachineTree};
-use crate::machine::agent::Sha256Hex;
-use crate::machine::state::Side;
+use crate::lifecycle::agent::Sha256Hex;
+use crate::lifecycle::state::Side;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
@@ -49,14 +49,6 @@ TemporaryFileSystem=/var/lib/cni
 
 [Network]
 VirtualEthernet=no
-";
-/// The machine unit's drop-in for a kubelet: `/proc/sys` writable (the kubelet and CNI set
-/// sysctls) and the kernel log readable.
-pub const MACHINE_DROP_IN: &str = "\
-# Written by flexnode: what a kubelet in the machine needs.
-[Service]
-Environment=SYSTEMD_NSPAWN_API_VFS_WRITABLE=yes
-DeviceAllow=/dev/kmsg rw
 ";
 /// The kubelet's rotated client certificate and key (a link to the current dated file) and
 /// the kubeconfig naming it, in a machine's tree (the kubelet's `--kubeconfig`).

@@ -41,14 +41,14 @@ pub use layout::{
     AGENT_IMAGE_NAME, AGENT_IMAGE_VAR, BIN_LINK_TARGET, HostLayout, MACHINES_DIR_MODE,
     RUNTIME_DIR_MODE, agent_image_ref, image_ref_digest, running_build, slot_link_target,
 };
-pub use machines::{MACHINE_DROP_IN, MACHINE_MARKER, NSPAWN_KUBELET_SETTINGS, NSPAWN_SETTINGS};
+pub use machines::{MACHINE_MARKER, NSPAWN_KUBELET_SETTINGS, NSPAWN_SETTINGS};
 pub use root::resolve_in_root;
 
 use super::archive::ArchiveFetcher;
 use super::fs::{io_failed, remove_no_follow, remove_tree, sync_existing_dir};
 use super::{EffectError, EffectResult, Host, MachineTree};
-use crate::machine::agent::{AgentBuild, Arch, ArchiveUrl, InstallMode, Sha256Hex, Slot};
-use crate::machine::state::Side;
+use crate::lifecycle::agent::{AgentBuild, Arch, ArchiveUrl, InstallMode, Sha256Hex, Slot};
+use crate::lifecycle::state::Side;
 use candidate::run_version;
 use std::io::ErrorKind;
 use std::path::PathBuf;
@@ -380,7 +380,7 @@ impl Host for FsHost {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::machine::agent::Slot;
+    use crate::lifecycle::agent::Slot;
     use std::path::Path;
 
     #[test]

@@ -13,7 +13,7 @@ use crate::effects::fs::{
     write_file_atomic,
 };
 use crate::effects::{EffectError, EffectResult};
-use crate::machine::agent::{AgentBuild, Sha256Hex, Slot};
+use crate::lifecycle::agent::{AgentBuild, Sha256Hex, Slot};
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};

@@ -6,7 +6,7 @@ use super::{
     is_error, usec_to_timestamp,
 };
 use crate::effects::{EffectError, EffectResult};
-use crate::machine::Timestamp;
+use crate::lifecycle::Timestamp;
 use zbus::OwnedObjectPath;
 use zbus::proxy::CacheProperties;
 use zbus_systemd::login1::ManagerProxy as LoginManagerProxy;

@@ -23,8 +23,8 @@ pub use machined::{MachineEntry, MachineInfo};
 
 use super::fs::{ensure_real_dir, read_small, sync_dir, write_file_atomic};
 use super::{EffectError, EffectResult, MachineStatus, Systemd, check_unit_name, machine_unit};
-use crate::machine::Timestamp;
-use crate::machine::state::Side;
+use crate::lifecycle::Timestamp;
+use crate::lifecycle::state::Side;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use zbus::proxy::CacheProperties;

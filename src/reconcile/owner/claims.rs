@@ -1,10 +1,10 @@
 //! Which of this node's operations the owner claims, and what it tells those that wait.
 
-use super::{DaemonError, Owner};
+use super::Owner;
 use crate::api::MachineOperation;
 use crate::effects::{Containerd, Host, Systemd};
-use crate::exec::Fed;
-use crate::machine::Input;
+use crate::exec::{ExecError, Fed};
+use crate::lifecycle::Input;
 use crate::reconcile::address;
 use std::collections::BTreeMap;
 
@@ -29,7 +29,7 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
     /// it for later. Nor until each interrupted operation watch's next list has been handled
     /// (`stale`, in message order): before it, an operation deleted meanwhile (an etcd that
     /// lost its data) may still look like one waiting.
-    pub(super) async fn claim_waiting(&mut self) -> Result<(), DaemonError> {
+    pub(super) async fn claim_waiting(&mut self) -> Result<(), ExecError> {
         if self.machine.is_none() || !self.counters.connected() || !self.stale.is_empty() {
             return Ok(());
         }
@@ -60,28 +60,23 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
                 continue; // meant for another controller
             };
             // A result already recorded is re-published from the outbox, never re-run.
-            if self.runner.store.result_for(&claim.op.uid)?.is_some() {
+            if self.runner.has_result(&claim.op.uid)? {
                 continue;
             }
             // Its status writes start from the object as watched (kube.rs: `known`).
             let uid = claim.op.uid.clone();
-            self.runner.effects.publisher.remember(&op);
+            self.runner.publisher().remember(&op);
             let fed = self.feed(Input::OperationClaimed(claim)).await;
             if !matches!(fed, Ok(Fed::Accepted(_))) {
-                self.runner.effects.publisher.forget(&uid);
+                self.runner.publisher().forget(&uid);
             }
             // A claim the store could not record was not made: the operation waits.
             let fed = match fed {
-                Err(e) => match self.transient(&e) {
-                    Some(fault) => {
-                        self.health
-                            .enter(fault, &self.runner.effects.publisher)
-                            .await;
-                        self.tell_unhealthy(&op).await;
-                        return Ok(());
-                    }
-                    None => return Err(e),
-                },
+                Err(e) => {
+                    self.wait_out(e).await?;
+                    self.tell_unhealthy(&op).await;
+                    return Ok(());
+                }
                 Ok(fed) => fed,
             };
             match fed {
@@ -91,7 +86,7 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
                         && self.told_waiting.insert(uid)
                     {
                         let why = format!("waiting: {r}");
-                        self.runner.effects.publisher.waiting(&op, &why).await;
+                        self.runner.publisher().waiting(&op, &why).await;
                     }
                     break;
                 }
@@ -113,7 +108,7 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
             && self.told_waiting.insert(uid)
         {
             let why = format!("waiting: {fault}; {}", fault.remedy());
-            self.runner.effects.publisher.waiting(op, &why).await;
+            self.runner.publisher().waiting(op, &why).await;
         }
     }
 
@@ -126,7 +121,7 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
             .values()
             .filter(|op| address::addressed(op, &self.node_name, labels.as_ref()))
             .collect();
-        let finished = mine.iter().filter(|op| address::is_terminal(op)).count();
+        let finished = mine.iter().filter(|op| op.is_terminal()).count();
         let waiting = mine.iter().filter(|op| address::is_claimable(op)).count();
         tracing::info!(
             node = %self.node_name,

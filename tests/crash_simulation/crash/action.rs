@@ -4,12 +4,12 @@
 //! the node does not come back from by itself.
 
 use flexnode::config::NodeImage;
-use flexnode::machine::agent::{ImageRef, InstallMode, Sha256Hex};
-use flexnode::machine::input::{
+use flexnode::lifecycle::agent::{ImageRef, InstallMode, Sha256Hex};
+use flexnode::lifecycle::input::{
     Claim, ClaimKind, GoalObservation, MachineObservation, NodeObservation,
 };
-use flexnode::machine::state::{Goal, OpRef};
-use flexnode::machine::{Input, NodeState, Timestamp};
+use flexnode::lifecycle::state::{Goal, OpRef};
+use flexnode::lifecycle::{Input, NodeState, Timestamp};
 use flexnode::sim::{Build, GOAL_VERSION, PlannedCrash, SimError, SimNode, When, upgrade};
 use flexnode::store::StoreReader;
 use serde::{Deserialize, Serialize};

@@ -4,9 +4,9 @@
 use super::action::{Action, Modifier, applies, quiesce, run, stored_state};
 use super::explore::{Scenario, Snapshot, Transition, last_seq, scratch, stored};
 use flexnode::effects::AGENT_UNIT;
-use flexnode::machine::result::ResultReason;
-use flexnode::machine::state::NodeInfo;
-use flexnode::machine::table;
+use flexnode::lifecycle::result::ResultReason;
+use flexnode::lifecycle::state::NodeInfo;
+use flexnode::lifecycle::table;
 use flexnode::sim::{ApiWrite, Event, HostSnapshot, PlannedCrash, SimNode};
 use std::collections::BTreeMap;
 

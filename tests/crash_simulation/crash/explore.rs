@@ -1,14 +1,14 @@
 //! Scenarios from the transition table: starting from a fresh node, every action (plain, with
 //! each host call it makes broken, and with a death after each intent it writes) is run on a
 //! copy of every distinct node reached, breadth first, until every labelled transition of the
-//! core's table (`flexnode::machine::table`) has been seen in the node's own journal, in each
+//! core's table (`flexnode::lifecycle::table`) has been seen in the node's own journal, in each
 //! install mode. Each transition's scenario, per mode, is the first (shortest) run that
 //! showed it.
 
 use super::action::{Action, Claimed, Modifier, Observed, applies, fresh, run};
-use flexnode::machine::NodeState;
-use flexnode::machine::agent::InstallMode;
-use flexnode::machine::table;
+use flexnode::lifecycle::NodeState;
+use flexnode::lifecycle::agent::InstallMode;
+use flexnode::lifecycle::table;
 use flexnode::sim::{Event, SimNode};
 use flexnode::store::StoreReader;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};

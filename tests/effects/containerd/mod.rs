@@ -28,7 +28,7 @@ use flexnode::effects::containerd::{
 };
 use flexnode::effects::http::Trust;
 use flexnode::effects::{Containerd, EffectError};
-use flexnode::machine::agent::Sha256Hex;
+use flexnode::lifecycle::agent::Sha256Hex;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -3,7 +3,7 @@
 
 use super::failed_message;
 use flexnode::effects::Containerd;
-use flexnode::machine::agent::Sha256Hex;
+use flexnode::lifecycle::agent::Sha256Hex;
 use sha2::{Digest, Sha256};
 
 /// What differs between implementations.

@@ -24,7 +24,7 @@ pub mod systemd;
 pub mod tier;
 
 use flexnode::effects::EffectError;
-use flexnode::machine::Timestamp;
+use flexnode::lifecycle::Timestamp;
 use futures::FutureExt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;

@@ -5,7 +5,7 @@ use super::systemd::{FAILING_SERVICE, SystemdFixture};
 use crate::support::nspawn::{Container, NESTED_MACHINE_UNIT};
 use flexnode::effects::systemd::DbusSystemd;
 use flexnode::effects::{Systemd, machine_unit};
-use flexnode::machine::state::Side;
+use flexnode::lifecycle::state::Side;
 use std::time::Duration;
 
 pub struct Nspawn {

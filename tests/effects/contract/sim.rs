@@ -4,8 +4,8 @@ use super::containerd::ContainerdFixture;
 use super::systemd::{FAILING_SERVICE, SystemdFixture};
 use flexnode::effects::{Host, Systemd};
 use flexnode::exec::{Clock, SystemClock};
-use flexnode::machine::agent::Sha256Hex;
-use flexnode::machine::state::Side;
+use flexnode::lifecycle::agent::Sha256Hex;
+use flexnode::lifecycle::state::Side;
 use flexnode::sim::{Build, SimHost};
 use sha2::{Digest, Sha256};
 

@@ -3,7 +3,7 @@
 
 use super::{assert_about_now, failed_message, now, wait_for};
 use flexnode::effects::{Systemd, machine_unit};
-use flexnode::machine::state::Side;
+use flexnode::lifecycle::state::Side;
 use std::time::Duration;
 
 /// What differs between implementations.
@@ -37,7 +37,7 @@ async fn install<S: Systemd>(sd: &S, unit: &str) {
     sd.daemon_reload().await.expect("daemon_reload");
 }
 
-async fn since<S: Systemd>(sd: &S, unit: &str) -> Option<flexnode::machine::Timestamp> {
+async fn since<S: Systemd>(sd: &S, unit: &str) -> Option<flexnode::lifecycle::Timestamp> {
     sd.active_since(unit)
         .await
         .unwrap_or_else(|e| panic!("active_since {unit}: {e}"))

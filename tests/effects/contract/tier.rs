@@ -4,7 +4,7 @@
 use super::containerd::ContainerdFixture;
 use crate::support::containerd::{Flavor, NS, Tier, snapshotter};
 use flexnode::effects::containerd::GrpcContainerd;
-use flexnode::machine::agent::Sha256Hex;
+use flexnode::lifecycle::agent::Sha256Hex;
 
 pub struct Registry {
     pub containerd: GrpcContainerd,

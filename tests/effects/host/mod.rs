@@ -15,9 +15,9 @@ use flexnode::effects::host::{
     BIN_LINK_TARGET, CHECK_PATH, FsHost, HostLayout, NSPAWN_SETTINGS, running_build,
 };
 use flexnode::effects::{EffectError, EffectResult, Host};
-use flexnode::machine::agent::{AgentBuild, InstallMode, Slot};
-use flexnode::machine::agent::{Arch, ArchiveUrl, Sha256Hex};
-use flexnode::machine::state::Side;
+use flexnode::lifecycle::agent::{AgentBuild, InstallMode, Slot};
+use flexnode::lifecycle::agent::{Arch, ArchiveUrl, Sha256Hex};
+use flexnode::lifecycle::state::Side;
 use sha2::{Digest, Sha256};
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};

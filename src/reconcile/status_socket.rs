@@ -5,7 +5,7 @@
 //! EOF: there is no request to parse, so no HTTP stack.
 
 use crate::reconcile::WatchCounters;
-use crate::report::DaemonSummary;
+use crate::status_report::DaemonSummary;
 use std::io::Read;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};

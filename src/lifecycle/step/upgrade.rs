@@ -2,14 +2,14 @@
 //! way back (abort, recovery, deadlines), as one exhaustive match over phase × input.
 
 use super::{MSG_RESTART_FAILED, MSG_SUCCESSOR_MISSING, MSG_UPGRADE_DONE, Step, busy, finish};
-use crate::machine::agent::{AgentBuild, UpgradeTarget};
-use crate::machine::effect::Effect;
-use crate::machine::input::Input;
-use crate::machine::policy::Policy;
-use crate::machine::refusal::Refusal;
-use crate::machine::result::ResultReason;
-use crate::machine::state::{NodeInfo, NodeState, OpRun, UpgradePhase};
-use crate::machine::time::Timestamp;
+use crate::lifecycle::agent::{AgentBuild, UpgradeTarget};
+use crate::lifecycle::effect::Effect;
+use crate::lifecycle::input::Input;
+use crate::lifecycle::policy::Policy;
+use crate::lifecycle::refusal::Refusal;
+use crate::lifecycle::result::ResultReason;
+use crate::lifecycle::state::{NodeInfo, NodeState, OpRun, UpgradePhase};
+use crate::lifecycle::time::Timestamp;
 
 pub(super) struct UpgradeCtx<'a> {
     pub(super) node: &'a NodeInfo,

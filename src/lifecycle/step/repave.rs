@@ -2,11 +2,11 @@
 //! over, retire the old one; a failure after the old side stopped brings it back.
 
 use super::{Step, machine_report};
-use crate::machine::effect::Effect;
-use crate::machine::policy::Policy;
-use crate::machine::result::MachinePhase;
-use crate::machine::state::{Goal, NodeInfo, NodeState, RepavePhase};
-use crate::machine::time::Timestamp;
+use crate::lifecycle::effect::Effect;
+use crate::lifecycle::policy::Policy;
+use crate::lifecycle::result::MachinePhase;
+use crate::lifecycle::state::{Goal, NodeInfo, NodeState, RepavePhase};
+use crate::lifecycle::time::Timestamp;
 
 /// Provision the other side while the active one keeps running.
 pub(super) fn start(node: &NodeInfo, goal: Goal, policy: &Policy, now: Timestamp) -> Step {

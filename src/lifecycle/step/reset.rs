@@ -2,12 +2,12 @@
 //! operation's result before the daemon goes, uninstall the agent.
 
 use super::{MSG_INTERRUPTED_BY_RESET, MSG_RESET_DONE, Step, finish, machine_report, op_result};
-use crate::machine::effect::Effect;
-use crate::machine::input::Input;
-use crate::machine::policy::Policy;
-use crate::machine::result::{MachinePhase, ResultReason};
-use crate::machine::state::{NodeInfo, NodeState, OpRun, ResetCause, ResetPhase};
-use crate::machine::time::Timestamp;
+use crate::lifecycle::effect::Effect;
+use crate::lifecycle::input::Input;
+use crate::lifecycle::policy::Policy;
+use crate::lifecycle::result::{MachinePhase, ResultReason};
+use crate::lifecycle::state::{NodeInfo, NodeState, OpRun, ResetCause, ResetPhase};
+use crate::lifecycle::time::Timestamp;
 
 /// A `Resetting` state's fields.
 pub(super) struct Resetting<'a> {

@@ -1,5 +1,6 @@
 //! The daemon's account of itself to systemd (`Type=notify`, `WatchdogSec=`,
-//! `TimeoutStartSec=` in `units/`): ready once start-up is done, alive while it makes progress.
+//! `TimeoutStartSec=` in `units/`): ready once start-up is done, alive while it makes progress,
+//! and what it does or waits for in one STATUS line.
 //!
 //! Start-up first finishes a step a crash or a power cut interrupted, and that step may be a
 //! repave's: a node image pulled and unpacked (minutes on a slow host), machines stopped and
@@ -27,6 +28,27 @@ static LAST_MS: AtomicU64 = AtomicU64::new(0);
 pub fn ready() {
     READY.store(true, Ordering::Relaxed);
     notify(&[sd_notify::NotifyState::Ready]);
+}
+
+/// Waiting for the store counts as started for systemd (so it neither kills the agent for a
+/// slow start nor restarts it); STATUS says what it waits for. The watchdog is fed meanwhile.
+pub fn ready_while_waiting() {
+    notify(&[
+        sd_notify::NotifyState::Ready,
+        sd_notify::NotifyState::Watchdog,
+    ]);
+}
+
+/// systemd's STATUS (`systemctl status`, `StatusText`): the first line of `text`, bounded.
+pub fn status_text(text: &str) {
+    let line: String = text
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .chars()
+        .take(480)
+        .collect();
+    notify(&[sd_notify::NotifyState::Status(&line)]);
 }
 
 /// The daemon made progress (an effect finished, a chunk was streamed, the kubelet was

@@ -1,12 +1,12 @@
 //! Join: the node's first install, and what ends it.
 
 use super::{Step, machine_report};
-use crate::machine::effect::Effect;
-use crate::machine::input::JoinRequest;
-use crate::machine::policy::Policy;
-use crate::machine::result::MachinePhase;
-use crate::machine::state::{FinishedOps, JoinPhase, NodeInfo, NodeState, Side};
-use crate::machine::time::Timestamp;
+use crate::lifecycle::effect::Effect;
+use crate::lifecycle::input::JoinRequest;
+use crate::lifecycle::policy::Policy;
+use crate::lifecycle::result::MachinePhase;
+use crate::lifecycle::state::{FinishedOps, JoinPhase, NodeInfo, NodeState, Side};
+use crate::lifecycle::time::Timestamp;
 
 pub(super) fn join(
     finished: &FinishedOps,

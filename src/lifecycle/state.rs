@@ -4,6 +4,7 @@
 use super::agent::{AgentBuild, InstallMode};
 use super::agent::{Arch, UpgradeTarget};
 use super::input::ClaimKind;
+use super::result::MachinePhase;
 use super::time::Timestamp;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -215,6 +216,20 @@ impl Default for NodeState {
 }
 
 impl NodeState {
+    /// The Machine phase this state reports, back from a fault that marked the Machine
+    /// `Failed`; `None` before a join.
+    pub fn machine_phase(&self) -> Option<MachinePhase> {
+        match self {
+            Self::Unjoined { .. } => None,
+            Self::Joining { .. } => Some(MachinePhase::Joining),
+            Self::Rebooting { .. } => Some(MachinePhase::Rebooting),
+            Self::Repaving { .. } => Some(MachinePhase::Provisioning),
+            Self::Ready { .. } | Self::Upgrading { .. } | Self::Resetting { .. } => {
+                Some(MachinePhase::Ready)
+            }
+        }
+    }
+
     /// The phase name users see in `flexnode status`.
     pub fn phase_name(&self) -> &'static str {
         match self {

@@ -1,21 +1,21 @@
-//! Property tests of the pure core over its explored state graph (`src/machine/table.rs`):
+//! Property tests of the pure core over its explored state graph (`src/lifecycle/table.rs`):
 //! its size, its alphabet, the soundness of how it identifies states, reset paths; and random
 //! runs: no duplicated disruption, no URL secrets.
 
-use flexnode::machine::agent::{AgentBuild, InstallMode, Slot};
-use flexnode::machine::agent::{Arch, Sha256Hex};
-use flexnode::machine::input::{
+use flexnode::lifecycle::agent::{AgentBuild, InstallMode, Slot};
+use flexnode::lifecycle::agent::{Arch, Sha256Hex};
+use flexnode::lifecycle::input::{
     Claim, ClaimKind, GoalObservation, JoinRequest, MachineObservation, NodeObservation,
 };
-use flexnode::machine::policy::Policy;
-use flexnode::machine::result::OpResult;
-use flexnode::machine::state::{Goal, OpRef};
-use flexnode::machine::state::{RepavePhase, UpgradePhase};
-use flexnode::machine::table::{
+use flexnode::lifecycle::policy::Policy;
+use flexnode::lifecycle::result::OpResult;
+use flexnode::lifecycle::state::{Goal, OpRef};
+use flexnode::lifecycle::state::{RepavePhase, UpgradePhase};
+use flexnode::lifecycle::table::{
     BASE, Counts, DIGEST_INSTALLED, DIGEST_UPGRADE, Graph, INPUT_VARIANTS, control, explore,
     input_variant, sample_inputs, shift_effect, shift_state, transitions,
 };
-use flexnode::machine::{Effect, Input, NodeState, Step, Timestamp, step};
+use flexnode::lifecycle::{Effect, Input, NodeState, Step, Timestamp, step};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -164,7 +164,7 @@ fn time_shift_and_data_projection_invent_no_edges() {
 /// `state` with other start times and rollback messages.
 fn perturbed(state: &NodeState) -> NodeState {
     let mut s = state.clone();
-    let run_moved = |run: &mut flexnode::machine::state::OpRun| {
+    let run_moved = |run: &mut flexnode::lifecycle::state::OpRun| {
         run.started_at = Timestamp::from_millis(run.started_at.millis() - 4_242_000);
     };
     match &mut s {
@@ -383,7 +383,7 @@ proptest! {
     // by default, which an integration test has not).
     #![proptest_config(ProptestConfig {
         failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
-            "tests/core/machine_props.proptest-regressions",
+            "tests/core/lifecycle_props.proptest-regressions",
         ))),
         ..ProptestConfig::with_cases(400)
     })]

@@ -125,10 +125,14 @@ fn parse_archive_url(raw: &str) -> Result<ArchiveUrl, InvalidParameter> {
 
 /// `oci://registry[:port]/path[:tag]`, as AgentUpgrade and the config (`agentImage`) name images.
 pub fn parse_oci_url(url: &str) -> Result<ImageRef, InvalidParameter> {
-    match url.get(..6) {
-        Some(scheme) if scheme.eq_ignore_ascii_case("oci://") => parse_image_ref(&url[6..]),
-        _ => Err(InvalidParameter::InvalidImageReference),
-    }
+    parse_image_ref(without_oci_scheme(url).ok_or(InvalidParameter::InvalidImageReference)?)
+}
+
+/// What follows `oci://` (any case), if `url` starts with it.
+pub fn without_oci_scheme(url: &str) -> Option<&str> {
+    url.get(..6)
+        .filter(|scheme| scheme.eq_ignore_ascii_case("oci://"))
+        .map(|_| &url[6..])
 }
 
 /// Parses `registry[:port]/path[:tag]` following the distribution reference grammar, and
@@ -217,9 +221,113 @@ fn valid_path_component(c: &str) -> bool {
     true
 }
 
+/// Why an image the node pulls by digest (`nodeImages`, `sandboxImage`) was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnpinnedImage {
+    /// No `@sha256:<64 hex>`: a tag alone could change under the node.
+    NoDigest,
+    /// The part before the digest is not `REGISTRY/REPOSITORY[:TAG]`.
+    NotAReference,
+}
+
+/// `REGISTRY/REPOSITORY[:TAG]@sha256:<64 hex>`, the form of every image the node pulls: the
+/// one rule for the configuration's images and the kubelet's sandbox image.
+pub fn parse_pinned_image(reference: &str) -> Result<(ImageRef, Sha256Hex), UnpinnedImage> {
+    let (name, digest) = reference.rsplit_once('@').ok_or(UnpinnedImage::NoDigest)?;
+    let digest = Sha256Hex::parse(digest).ok_or(UnpinnedImage::NoDigest)?;
+    let image = parse_image_ref(name).map_err(|_| UnpinnedImage::NotAReference)?;
+    Ok((image, digest))
+}
+
+/// A bootstrap token, `[a-z0-9]{6}.[a-z0-9]{16}` (the kubelet's first credential).
+pub fn valid_bootstrap_token(t: &str) -> bool {
+    let lower = |s: &str, n: usize| {
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    };
+    t.split_once('.')
+        .is_some_and(|(id, secret)| lower(id, 6) && lower(secret, 16))
+}
+
+/// The `podCIDR` that takes each node's pod range from the cluster: the range the
+/// controller-manager allocates in `Node.spec.podCIDR`, which the kubelet hands to the runtime
+/// (CRI `UpdateRuntimeConfig`), which renders the bridge network from a template. Until then
+/// the node has no pod network (the kubelet reports it not ready); a cluster network that
+/// writes its own CNI configuration is used instead and the template never rendered.
+pub const POD_RANGE_FROM_CLUSTER: &str = "cluster";
+
+/// A pod range: [`POD_RANGE_FROM_CLUSTER`] or an IPv4 CIDR such as `10.88.0.0/16` (four
+/// decimal octets without leading zeros, a prefix of at most 32 bits).
+pub fn valid_pod_range(c: &str) -> bool {
+    let octet = |o: &str| {
+        !o.is_empty()
+            && o.len() <= 3
+            && o.bytes().all(|b| b.is_ascii_digit())
+            && (o == "0" || !o.starts_with('0'))
+            && o.parse::<u8>().is_ok()
+    };
+    c == POD_RANGE_FROM_CLUSTER
+        || c.split_once('/').is_some_and(|(ip, bits)| {
+            ip.split('.').count() == 4
+                && ip.split('.').all(octet)
+                && bits.parse::<u8>().is_ok_and(|b| b <= 32)
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pinned_images_tokens_and_pod_ranges() {
+        let hex = "ee6521f290b2168b6e0935a181d4cff9be1ac3f505666ef0e3c98fae8199917a";
+        let (image, digest) =
+            parse_pinned_image(&format!("r.example:5000/a/pause:3.10@sha256:{hex}"))
+                .expect("pinned");
+        assert_eq!(
+            (image.registry.as_str(), image.repository.as_str()),
+            ("r.example:5000", "a/pause")
+        );
+        assert_eq!(digest.as_str(), hex);
+        for (bad, why) in [
+            ("r.example/pause:3.10", UnpinnedImage::NoDigest),
+            ("r.example/pause@sha256:1234", UnpinnedImage::NoDigest),
+            (
+                &format!("pause@sha256:{hex}") as &str,
+                UnpinnedImage::NotAReference,
+            ),
+            (
+                &format!("r.example/pau\"se@sha256:{hex}"),
+                UnpinnedImage::NotAReference,
+            ),
+        ] {
+            assert_eq!(parse_pinned_image(bad).err(), Some(why), "{bad}");
+        }
+        assert!(valid_bootstrap_token("abcdef.0123456789abcdef"));
+        for bad in [
+            "abcdef0123456789abcdef",
+            "ABCDEF.0123456789abcdef",
+            "abcde.0123456789abcdefg",
+        ] {
+            assert!(!valid_bootstrap_token(bad), "{bad}");
+        }
+        for good in ["cluster", "10.88.0.0/16", "0.0.0.0/0", "255.255.255.255/32"] {
+            assert!(valid_pod_range(good), "{good}");
+        }
+        for bad in [
+            "Cluster",
+            "10.88.0.0/40",
+            "10.88.0/16",
+            "10.88.0.256/16",
+            "010.0.0.0/8",
+            "10.0.0.0",
+            "10..0.0/8",
+            "a.b.c.d/8",
+        ] {
+            assert!(!valid_pod_range(bad), "{bad}");
+        }
+    }
     use proptest::prelude::*;
 
     const HEX: &str = "5d41402abc4b2a76b9719d911017c5925d41402abc4b2a76b9719d911017c592";

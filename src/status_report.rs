@@ -2,7 +2,7 @@
 //! issues, resource status, Events and metrics).
 
 use crate::effects::NodeSeen;
-use crate::machine::fault::Problem;
+use crate::lifecycle::fault::Problem;
 use crate::store::{JournalEntry, StoreError, StoreReader};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
@@ -56,10 +56,10 @@ pub struct StatusReport {
     pub last_result: Option<ResultSummary>,
     pub recent_transitions: Vec<JournalEntry>,
     /// What is wrong around the node that keeps the agent from working, and what to do
-    /// (src/machine/fault.rs); `flexnode status` fills it.
+    /// (src/lifecycle/fault.rs); `flexnode status` fills it.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub problems: Vec<Problem>,
-    /// What the running daemon says over its socket (`src/reconcile/live.rs`); `None`: no
+    /// What the running daemon says over its socket (`src/reconcile/status_socket.rs`); `None`: no
     /// daemon answered, and the report is the store's alone.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub daemon: Option<DaemonSummary>,

@@ -3,7 +3,8 @@
 //! reports it under (the Machine's `NodeUpdated` condition and Event, the log, systemd's
 //! STATUS, `flexnode status`), what to do about it, and who can end it: an operator (the
 //! daemon exits 78, which its unit does not restart) or time (the daemon waits, reporting, and
-//! resumes by itself). Finding one is the daemon's business (src/reconcile/health.rs).
+//! resumes by itself). Finding one is the store's (src/store/fault.rs); holding and clearing one, the daemon's
+//! (src/reconcile/fault.rs).
 
 use serde::Serialize;
 use std::fmt;

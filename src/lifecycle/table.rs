@@ -5,7 +5,7 @@
 //! Time only moves forward: each input arrives either at once or when the state's deadline is
 //! due. A state is kept relative to the moment it was reached (every timestamp in it shifted
 //! by `-now`), because `step` only compares times and adds durations to `now`: shifting the
-//! state and `now` alike shifts the result alike (`tests/core/machine_props.rs` checks this), so
+//! state and `now` alike shifts the result alike (`tests/core/lifecycle_props.rs` checks this), so
 //! two states equal after the shift have the same edges. Nothing else is merged.
 
 use super::effect::Effect;
@@ -260,7 +260,7 @@ pub fn explore() -> Graph {
 /// The state without the data `step` only carries into results and messages: an operation's
 /// start time and a rollback's message. Two states with equal projections accept the same
 /// inputs into states with equal projections, with the same effects but for that data
-/// (`tests/core/machine_props.rs` checks it over the explored graph), so the exploration keeps one
+/// (`tests/core/lifecycle_props.rs` checks it over the explored graph), so the exploration keeps one
 /// of them.
 pub fn control(state: &NodeState) -> NodeState {
     let mut state = state.clone();

@@ -3,17 +3,17 @@
 //! publishes, or the refusal). One runner checks every row and names the row and step that
 //! failed.
 
-use flexnode::machine::agent::{AgentBuild, InstallMode, Slot};
-use flexnode::machine::agent::{Arch, Sha256Hex};
-use flexnode::machine::input::{
+use flexnode::lifecycle::agent::{AgentBuild, InstallMode, Slot};
+use flexnode::lifecycle::agent::{Arch, Sha256Hex};
+use flexnode::lifecycle::input::{
     Claim, ClaimKind, GoalObservation, JoinRequest, MachineObservation, NodeObservation,
 };
-use flexnode::machine::policy::Policy;
-use flexnode::machine::result::{MachinePhase, ResultReason};
-use flexnode::machine::state::{
+use flexnode::lifecycle::policy::Policy;
+use flexnode::lifecycle::result::{MachinePhase, ResultReason};
+use flexnode::lifecycle::state::{
     Goal, OpRef, RepavePhase, ResetCause, ResetPhase, Side, UpgradePhase,
 };
-use flexnode::machine::{Effect, Input, NodeState, Refusal, Timestamp, step};
+use flexnode::lifecycle::{Effect, Input, NodeState, Refusal, Timestamp, step};
 use std::collections::BTreeMap;
 
 const T0: Timestamp = Timestamp::from_millis(1_785_578_400_000);

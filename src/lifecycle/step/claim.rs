@@ -1,15 +1,15 @@
 //! A claimed operation on a resting node: what each kind starts.
 
 use super::{MSG_ALREADY_RUNNING, Step, finish, machine_report};
-use crate::machine::agent::{AgentBuild, Slot, UpgradeTarget};
-use crate::machine::effect::Effect;
-use crate::machine::input::{Claim, ClaimKind};
-use crate::machine::policy::Policy;
-use crate::machine::refusal::Refusal;
-use crate::machine::result::{MachinePhase, ResultReason};
-use crate::machine::state::{NodeInfo, NodeState, OpRun, ResetCause, ResetPhase, UpgradePhase};
-use crate::machine::time::Timestamp;
-use crate::machine::validate::validate_upgrade;
+use crate::lifecycle::agent::{AgentBuild, Slot, UpgradeTarget};
+use crate::lifecycle::effect::Effect;
+use crate::lifecycle::input::{Claim, ClaimKind};
+use crate::lifecycle::policy::Policy;
+use crate::lifecycle::refusal::Refusal;
+use crate::lifecycle::result::{MachinePhase, ResultReason};
+use crate::lifecycle::state::{NodeInfo, NodeState, OpRun, ResetCause, ResetPhase, UpgradePhase};
+use crate::lifecycle::time::Timestamp;
+use crate::lifecycle::validate::validate_upgrade;
 
 pub(super) fn claim_operation(
     node: &NodeInfo,
