@@ -1,10 +1,63 @@
-# e2e/lib.sh — what the lab scripts (e2e/run, e2e/container/run) share: logging, the
-# state file, PIDs checked against /proc/PID/cmdline, and the flexnode builds. Sourced; the
-# caller sets REPO, CACHE and DIR.
+# e2e/lib.sh — what the e2e scripts share, sourced by each of them (e2e/run, e2e/*/run,
+# e2e/native/lab): logging, root and Debian packages, free ports, PIDs checked against
+# /proc/PID/cmdline, removal confined to a script's own cache; and for the labs the state
+# file, the flexnode builds, the node images, the registry. The caller sets REPO (the labs'
+# parts also CACHE and DIR) and may set LOG_PREFIX, the start of its log lines.
 
-log() { printf '\033[1m[lab]\033[0m %s\n' "$*" >&2; }
+log() { printf '%s %s\n' "${LOG_PREFIX:-$'\033[1m[lab]\033[0m'}" "$*" >&2; }
 die() { printf '%s: error: %s\n' "${0#"$REPO"/}" "$*" >&2; exit 1; }
 now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
+usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
+
+as_root() {
+  if [[ $EUID -eq 0 ]]; then "$@"
+  elif command -v sudo >/dev/null; then sudo "$@"
+  else die "need root (or sudo) to run: $*"
+  fi
+}
+
+# apt_install PKG...: the missing Debian packages installed, without letting their maintainer
+# scripts start any service (policy-rc.d => 101, only if none exists already). The package
+# lists are updated once per process.
+APT_UPDATED=0
+apt_install() {
+  local missing=() p
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  ((${#missing[@]})) || return 0
+  command -v apt-get >/dev/null || die "missing ${missing[*]} and no apt-get to install them"
+  log "installing Debian packages: ${missing[*]}"
+  local policy=/usr/sbin/policy-rc.d made_policy=0 rc=0
+  if [[ ! -e $policy ]]; then
+    as_root sh -c "printf '#!/bin/sh\nexit 101\n' > $policy && chmod 755 $policy"
+    made_policy=1
+  fi
+  if ((APT_UPDATED == 0)); then as_root apt-get update -qq >&2 || rc=$?; APT_UPDATED=1; fi
+  if ((rc == 0)); then
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2 || rc=$?
+  fi
+  if ((made_policy)); then as_root rm -f "$policy"; fi
+  ((rc == 0)) || die "apt-get install ${missing[*]} failed"
+}
+
+# free_port: a free TCP port on 127.0.0.1 (bound to port 0, then released)
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+# safe_rm MARKER PATH...: rm -rf of each PATH, only inside the folder that holds MARKER (a
+# script's own cache, marked when the script made it) and never through "..".
+safe_rm() {
+  local marker=$1 root p; shift
+  root=$(dirname -- "$marker")
+  [[ -f $marker ]] || die "$root carries no $(basename -- "$marker"): refusing to remove anything in it"
+  for p in "$@"; do
+    [[ $p == "$root"/* ]] || die "refusing to remove $p: not inside $root"
+    [[ "/$p/" != */../* ]] || die "refusing to remove $p: contains .."
+    rm -rf -- "$p"
+  done
+}
 
 parse_dir() { # sets DIR, REST
   REST=()
@@ -43,6 +96,9 @@ pid_ours() {
   [[ "$(awk '{ print $3 }' /proc/"$pid"/stat 2>/dev/null)" != Z ]] || return 1
   tr '\0' ' ' 2>/dev/null < /proc/"$pid"/cmdline | grep -qF -- "$pat"
 }
+
+# pidfile_ours FILE PATTERN: the PID in FILE is ours (pid_ours)
+pidfile_ours() { [[ -f $1 ]] && pid_ours "$(cat -- "$1")" "$2"; }
 
 stop_pidfile() { # stop_pidfile FILE PATTERN: SIGTERM (then SIGKILL) the PID in FILE if it is ours
   local f=$1 pat=$2 pid

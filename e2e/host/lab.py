@@ -18,9 +18,30 @@ import threading
 import time
 import urllib.parse
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def agent_words():
+    """The agent's own words, read from its source instead of copied here: the terminal
+    messages (`MSG_*` in src/lifecycle/step/mod.rs) and the reasons of the `Completed`
+    condition (`ResultReason::as_str` in src/lifecycle/result.rs)."""
+    with open(os.path.join(REPO, "src/lifecycle/step/mod.rs")) as f:
+        messages = dict(re.findall(r'pub const (MSG_\w+): &str = "([^"]*)";', f.read()))
+    with open(os.path.join(REPO, "src/lifecycle/result.rs")) as f:
+        text = f.read()
+    start = text.index("impl ResultReason {")
+    as_str = text[text.index("fn as_str", start):text.index("fn parse", start)]
+    reasons = tuple(re.findall(r'Self::\w+ => "(\w+)"', as_str))
+    if not reasons or not {"MSG_UPGRADE_DONE", "MSG_REBOOT_DONE", "MSG_RESET_DONE"} <= messages.keys():
+        raise SystemExit("e2e/host/lab.py: the agent's reasons or messages were not found in its source")
+    return messages, reasons
+
+
+_MESSAGES, TERMINAL_REASONS = agent_words()
+MSG_UPGRADE_DONE = _MESSAGES["MSG_UPGRADE_DONE"]
+MSG_REBOOT_DONE = _MESSAGES["MSG_REBOOT_DONE"]
+MSG_RESET_DONE = _MESSAGES["MSG_RESET_DONE"]
 TERMINAL = ("Complete", "Failed")
-TERMINAL_REASONS = ("Succeeded", "InvalidParameters", "ExecutionFailed", "DaemonFailed",
-                    "UnsupportedOperation")
 SLOT_RE = re.compile(r"^/opt/flexnode/lib/flexnode-(blue|green)$")
 
 
@@ -36,10 +57,6 @@ def slot_path(link):
 # Ignition), NATIVE where a booted container on the lab bridge shows all it asserts, BOTH where
 # a QEMU run needs it too (the join its other checks stand on, the results at the end).
 QEMU, NATIVE, BOTH = "qemu", "native", "both"
-
-MSG_UPGRADE_DONE = "AgentUpgrade completed"
-MSG_REBOOT_DONE = "NodeReboot completed"
-MSG_RESET_DONE = "AgentReset completed"
 
 
 class Fail(Exception):

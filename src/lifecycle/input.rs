@@ -1,12 +1,12 @@
 //! Inputs reach the single state-machine owner as messages: from watches, timers, the CLI,
 //! effect completions and daemon start-up.
 
+pub use super::kind::ClaimKind;
 use super::state::{Goal, OpRef};
 
 use super::agent::Arch;
 use super::agent::{AgentBuild, InstallMode};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use std::fmt;
 
 /// What the recovery unit reports by default (`flexnode recover-agent-upgrade`).
@@ -21,28 +21,6 @@ pub struct JoinRequest {
     pub goal: Goal,
     /// The build doing the join (becomes the first agent).
     pub agent: AgentBuild,
-}
-
-/// Operation kinds the agent runs; other kinds are left to other controllers by the reconciler.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ClaimKind {
-    NodeReboot,
-    AgentReset,
-    /// Parameters are raw API data (they may hold secrets) and are validated by the core.
-    AgentUpgrade {
-        parameters: BTreeMap<String, String>,
-    },
-}
-
-impl ClaimKind {
-    /// The operation kind's name, as the MachineOperation's `operationKind` spells it.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::NodeReboot => "NodeReboot",
-            Self::AgentReset => "AgentReset",
-            Self::AgentUpgrade { .. } => "AgentUpgrade",
-        }
-    }
 }
 
 /// A MachineOperation addressed to this node, phase empty or Pending.

@@ -11,6 +11,7 @@ pub mod decide;
 pub mod effect;
 pub mod fault;
 pub mod input;
+pub mod kind;
 pub mod policy;
 pub mod refusal;
 pub mod result;

@@ -3,7 +3,7 @@
 
 use super::agent::{AgentBuild, InstallMode};
 use super::agent::{Arch, UpgradeTarget};
-use super::input::ClaimKind;
+use super::kind::ClaimKind;
 use super::result::MachinePhase;
 use super::time::Timestamp;
 use serde::{Deserialize, Serialize};

@@ -234,7 +234,11 @@ pub enum UnpinnedImage {
 /// one rule for the configuration's images and the kubelet's sandbox image.
 pub fn parse_pinned_image(reference: &str) -> Result<(ImageRef, Sha256Hex), UnpinnedImage> {
     let (name, digest) = reference.rsplit_once('@').ok_or(UnpinnedImage::NoDigest)?;
-    let digest = Sha256Hex::parse(digest).ok_or(UnpinnedImage::NoDigest)?;
+    let digest = digest
+        .starts_with("sha256:")
+        .then(|| Sha256Hex::parse(digest))
+        .flatten()
+        .ok_or(UnpinnedImage::NoDigest)?;
     let image = parse_image_ref(name).map_err(|_| UnpinnedImage::NotAReference)?;
     Ok((image, digest))
 }
@@ -293,6 +297,10 @@ mod tests {
         for (bad, why) in [
             ("r.example/pause:3.10", UnpinnedImage::NoDigest),
             ("r.example/pause@sha256:1234", UnpinnedImage::NoDigest),
+            (
+                &format!("r.example/pause@{hex}") as &str,
+                UnpinnedImage::NoDigest,
+            ),
             (
                 &format!("pause@sha256:{hex}") as &str,
                 UnpinnedImage::NotAReference,

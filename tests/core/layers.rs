@@ -273,6 +273,44 @@ fn doc() -> String {
     std::fs::read_to_string(path).expect("docs/architecture.md")
 }
 
+/// Pairs of files that import each other, but the command line and its generated parts (clap's
+/// derive and the completions each need the other).
+fn circles(sources: &BTreeMap<String, String>) -> Vec<String> {
+    let files: BTreeSet<String> = sources.keys().cloned().collect();
+    let arrows: BTreeMap<&String, BTreeSet<String>> = sources
+        .iter()
+        .map(|(f, t)| (f, imports(&files, f, t)))
+        .collect();
+    let allowed = ("src/cli/command.rs", "src/cli/generated.rs");
+    let mut found = Vec::new();
+    for (a, to) in &arrows {
+        for b in to {
+            let back = arrows.get(b).is_some_and(|t| t.contains(a.as_str()));
+            if back && a.as_str() < b.as_str() && (a.as_str(), b.as_str()) != allowed {
+                found.push(format!("{a} ↔ {b}: each imports the other"));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn no_two_files_import_each_other() {
+    let found = circles(&sources());
+    assert!(found.is_empty(), "{}", found.join("\n"));
+    let pair = BTreeMap::from([
+        ("src/a.rs".to_string(), "use crate::b::X;".to_string()),
+        (
+            "src/b.rs".to_string(),
+            "fn f() { super::a::y(); }".to_string(),
+        ),
+    ]);
+    assert_eq!(
+        circles(&pair),
+        ["src/a.rs ↔ src/b.rs: each imports the other"]
+    );
+}
+
 #[test]
 fn every_import_keeps_to_the_layer_table() {
     let layers = table(&doc());

@@ -314,7 +314,7 @@ async fn a_side_is_provisioned_from_a_node_image_with_its_kubelet_files(flavor: 
         bootstrap_token_file: token,
         trusted_ca_file: None,
         registry_credentials_file: None,
-        sandbox_image: "registry.k8s.io/pause:3.10".into(),
+        sandbox_image: flexnode::config::DEFAULT_SANDBOX_IMAGE.into(),
         pod_cidr: "10.88.0.0/16".into(),
     });
     // Something half unpacked before: cleared first.

@@ -267,7 +267,8 @@ fn the_machine_files_bootstrap_the_real_kubelet() {
         bootstrap_token_file: token_file,
         trusted_ca_file: None,
         registry_credentials_file: None,
-        sandbox_image: "flexnode.invalid/pause:lab".into(),
+        // Pinned, as every image the node pulls; nothing pulls it here (no runtime).
+        sandbox_image: format!("flexnode.invalid/pause:lab@sha256:{}", "0".repeat(64)),
         pod_cidr: "10.88.0.0/16".into(),
     })
     .expect("files");

@@ -1,6 +1,5 @@
 //! Where the host install keeps everything, under a root prefix (`/` in production).
 
-use super::machines::MACHINE_MARKER;
 use super::root::resolve_in_root;
 use crate::effects::archive::BINARY_NAME;
 use crate::effects::fs::io_failed;
@@ -23,6 +22,8 @@ pub const RUNTIME_DIR_MODE: u32 = 0o700;
 /// The machines' directory's mode (`/var/lib/machines`, as systemd creates it): the trees hold
 /// set-id programs, which no other user may reach.
 pub const MACHINES_DIR_MODE: u32 = 0o700;
+/// Marker of a provisioned machine, written last (relative to the machine tree).
+pub const MACHINE_MARKER: &str = "etc/flexnode-machine.json";
 /// Target of `bin/flexnode`.
 pub const BIN_LINK_TARGET: &str = "../current/flexnode";
 /// Where the agent's files live, under a root prefix.

@@ -54,8 +54,6 @@ VirtualEthernet=no
 /// the kubeconfig naming it, in a machine's tree (the kubelet's `--kubeconfig`).
 const KUBELET_CLIENT_CERT: &str = "var/lib/kubelet/pki/kubelet-client-current.pem";
 const KUBELET_KUBECONFIG: &str = "var/lib/kubelet/kubeconfig";
-/// Marker of a provisioned machine, written last (relative to the machine tree).
-pub const MACHINE_MARKER: &str = "etc/flexnode-machine.json";
 
 impl FsHost {
     pub(super) fn os_release_source(&self) -> EffectResult<PathBuf> {

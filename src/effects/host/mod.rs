@@ -41,7 +41,7 @@ pub use layout::{
     AGENT_IMAGE_NAME, AGENT_IMAGE_VAR, BIN_LINK_TARGET, HostLayout, MACHINES_DIR_MODE,
     RUNTIME_DIR_MODE, agent_image_ref, image_ref_digest, running_build, slot_link_target,
 };
-pub use machines::{MACHINE_MARKER, NSPAWN_KUBELET_SETTINGS, NSPAWN_SETTINGS};
+pub use machines::{NSPAWN_KUBELET_SETTINGS, NSPAWN_SETTINGS};
 pub use root::resolve_in_root;
 
 use super::archive::ArchiveFetcher;
