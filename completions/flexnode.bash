@@ -16,6 +16,9 @@ _flexnode() {
             ",$1")
                 cmd="flexnode"
                 ;;
+            flexnode,approver)
+                cmd="flexnode__subcmd__approver"
+                ;;
             flexnode,completions)
                 cmd="flexnode__subcmd__completions"
                 ;;
@@ -54,6 +57,9 @@ _flexnode() {
                 ;;
             flexnode,version)
                 cmd="flexnode__subcmd__version"
+                ;;
+            flexnode__subcmd__help,approver)
+                cmd="flexnode__subcmd__help__subcmd__approver"
                 ;;
             flexnode__subcmd__help,completions)
                 cmd="flexnode__subcmd__help__subcmd__completions"
@@ -134,12 +140,38 @@ _flexnode() {
 
     case "${cmd}" in
         flexnode)
-            opts="-h -V --state --help --version daemon join ignition reset recover-agent-upgrade host-exec status history op rollout completions version help"
+            opts="-h -V --state --help --version daemon join ignition reset recover-agent-upgrade host-exec status history op rollout approver completions version help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --state)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        flexnode__subcmd__approver)
+            opts="-h --kubeconfig --metrics-address --state --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --kubeconfig)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --metrics-address)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --state)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -208,8 +240,22 @@ _flexnode() {
             return 0
             ;;
         flexnode__subcmd__help)
-            opts="daemon join ignition reset recover-agent-upgrade host-exec status history op rollout completions version help"
+            opts="daemon join ignition reset recover-agent-upgrade host-exec status history op rollout approver completions version help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        flexnode__subcmd__help__subcmd__approver)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi

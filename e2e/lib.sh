@@ -154,6 +154,20 @@ flexnode_bin() { # prints the path of the (host) flexnode binary, building it if
   echo "$target/debug/flexnode"
 }
 
+# recorder_bin: the tests' watch recorder (examples/watch-recorder.rs), which the Python suites
+# read every operation's history from; `cargo test` builds it, and passes it as RECORDER_BIN.
+recorder_bin() {
+  if [[ -n ${RECORDER_BIN:-} ]]; then
+    [[ -x $RECORDER_BIN ]] || die "RECORDER_BIN=$RECORDER_BIN is not an executable"
+    echo "$RECORDER_BIN"; return
+  fi
+  local target="${CARGO_TARGET_DIR:-$CACHE/target}"
+  log "cargo build --example watch-recorder (target dir $target)"
+  (cd "$REPO" && CARGO_TARGET_DIR="$target" cargo build --locked --example watch-recorder >&2) \
+    || die "cargo build of the watch recorder failed"
+  echo "$target/debug/examples/watch-recorder"
+}
+
 # guest_bin: the agent the guest runs: the release binary of the agent's image (image/build
 # binary; tests/effects/agent_image.rs has built it when the suites run in `cargo test`), from the
 # same sources as flexnode_bin, so it reports the same version. Optimized, because the agent's
@@ -205,15 +219,17 @@ node_images() {
   done
 }
 
-# bootstrap_token CP_DIR FILE: a kubelet bootstrap token (a day) from the control plane, in
-# FILE (0600) as the join config's bootstrapTokenFile wants it; its id in DIR/state.
+# bootstrap_token CP_DIR FILE [GROUPS]: a bootstrap token (a day) from the control plane, in
+# FILE (0600) as the join config's bootstrapTokenFile wants it. Without GROUPS the lab's
+# kubelet token, its id in DIR/state; with them (auth-extra-groups) a node's own.
 bootstrap_token() {
-  local kc token
-  kc=$("$CP" bootstrap-token --ttl 86400 --dir "$1") || die "no bootstrap token"
+  local kc token groups=()
+  [[ -z ${3:-} ]] || groups=(--groups "$3")
+  kc=$("$CP" bootstrap-token --ttl 86400 "${groups[@]+"${groups[@]}"}" --dir "$1") || die "no bootstrap token"
   token=$(awk '$1 == "token:" { print $2 }' "$kc")
   [[ $token =~ ^[a-z0-9]{6}\.[a-z0-9]{16}$ ]] || die "no token in $kc"
   (umask 077; echo "$token" > "$2")
-  state_set BOOTSTRAP_TOKEN_ID "${token%%.*}"
+  [[ -n ${3:-} ]] || state_set BOOTSTRAP_TOKEN_ID "${token%%.*}"
 }
 
 # kubelet_route GUEST NODE: the apiserver reaches the kubelet in GUEST (port 10250) as NODE,

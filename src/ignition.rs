@@ -6,7 +6,7 @@
 //! removed after a successful bootstrap) and the bootstrap unit, which runs `flexnode join` in
 //! a container of that image. Every file is 0600 (they hold credentials or name them).
 
-use crate::config::{AgentImage, Config, ConfigFile};
+use crate::config::{AgentImage, Config};
 use crate::effects::containerd::basic_credentials;
 use crate::lifecycle::agent::InstallMode;
 use crate::units;
@@ -39,11 +39,18 @@ const PRIVATE_FILE: u32 = 0o600;
 
 /// The contents of the files the join config names (read by the caller).
 pub struct Inputs {
-    pub kubeconfig: String,
+    /// The agent's credential: a kubeconfig, or the API server's CA of a bootstrap token
+    /// join (`apiServer`), whose certificate `join` obtains on the node.
+    pub credential: Credential,
     pub trusted_ca: Option<String>,
     pub registry_credentials: Option<String>,
     /// The kubelet's bootstrap token file, when the config names node images.
     pub bootstrap_token: Option<String>,
+}
+
+pub enum Credential {
+    Kubeconfig(String),
+    ApiServerCa(String),
 }
 
 /// What Ignition writes: directories, files and units, in this order.
@@ -128,11 +135,19 @@ pub fn provisioning(config: &Config, inputs: Inputs) -> Result<Provisioning, Ign
         ));
         directories.push((dir, PRIVATE_DIR));
     }
-    let mut bootstrap = ConfigFile {
-        kubeconfig: Some(PathBuf::from(at("kubeconfig"))),
-        ..config.rendered()
-    };
-    files.push(private(at("kubeconfig"), inputs.kubeconfig));
+    let mut bootstrap = config.rendered();
+    match inputs.credential {
+        Credential::Kubeconfig(text) => {
+            bootstrap.kubeconfig = Some(PathBuf::from(at("kubeconfig")));
+            files.push(private(at("kubeconfig"), text));
+        }
+        Credential::ApiServerCa(ca) => {
+            bootstrap.kubeconfig = None;
+            bootstrap.api_server = config.token_join.as_ref().map(|t| t.server.clone());
+            bootstrap.api_server_ca_file = Some(PathBuf::from(at("api-server-ca.pem")));
+            files.push(private(at("api-server-ca.pem"), ca));
+        }
+    }
     bootstrap.trusted_ca_file = inputs.trusted_ca.map(|ca| {
         files.push(private(at("trusted-ca.pem"), ca));
         PathBuf::from(at("trusted-ca.pem"))

@@ -12,10 +12,12 @@ pub const VERSION: &str = match option_env!("FLEXNODE_VERSION") {
 };
 
 pub mod api;
+pub mod approver;
 pub mod cli;
 pub mod config;
 pub mod effects;
 pub mod exec;
+pub mod identity;
 pub mod ignition;
 pub mod lifecycle;
 pub mod log;

@@ -15,8 +15,8 @@ fn main() -> ExitCode {
             };
         }
     };
-    // Commands that change the node log what they do; read-only ones only warnings.
-    let level = if cli.command.changes_node() {
+    // Daemons and commands that change the node log what they do; the others only warnings.
+    let level = if cli.command.logs_actions() {
         "info"
     } else {
         "warn"

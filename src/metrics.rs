@@ -32,6 +32,12 @@ struct WatchLabels {
     watch: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DecisionLabels {
+    decision: String,
+    reason: String,
+}
+
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
 struct Metrics {
@@ -41,6 +47,7 @@ struct Metrics {
     reconnects: Family<WatchLabels, Counter>,
     commits: Histogram,
     api_contact: Gauge<f64, AtomicU64>,
+    decisions: Family<DecisionLabels, Counter>,
 }
 
 /// From 1 ms to about 9 minutes: a store commit is milliseconds, a repave's step minutes.
@@ -89,8 +96,16 @@ fn metrics() -> &'static Metrics {
             Unit::Seconds,
             api_contact.clone(),
         );
+        let decisions = Family::default();
+        registry.register(
+            "approver_decisions",
+            "Certificate requests for an agent identity that `flexnode approver` approved or \
+             denied, by decision and reason (src/identity/rules.rs)",
+            decisions.clone(),
+        );
         Metrics {
             registry,
+            decisions,
             operations,
             transitions,
             reconnects,
@@ -143,6 +158,17 @@ pub fn api_contact() {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
     metrics().api_contact.set(now);
+}
+
+/// The approver decided a certificate request (`Approved` or `Denied`) for `reason`.
+pub fn approver_decided(decision: &str, reason: &str) {
+    metrics()
+        .decisions
+        .get_or_create(&DecisionLabels {
+            decision: decision.to_string(),
+            reason: reason.to_string(),
+        })
+        .inc();
 }
 
 /// The Prometheus text format (0.0.4) of every metric.

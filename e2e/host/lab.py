@@ -5,18 +5,15 @@ small helpers every check uses. Python 3 stdlib only.
 
 import argparse
 import calendar
-import http.client
 import json
 import os
 import re
 import shlex
 import signal
-import ssl
 import subprocess
 import sys
 import threading
 import time
-import urllib.parse
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -121,6 +118,7 @@ class Lab:
         self.kubectl_bin = st["KUBECTL"]
         self.kubeconfig = st["KUBECONFIG"]
         self.flexnode = st["FLEXNODE_BIN"]
+        self.recorder = st["RECORDER_BIN"]
         # The host lab's artifact server and archives (the container lab has images instead).
         self.art = st.get("GUEST_ART", "")
         self.sha_good = st.get("SHA_GOOD", "")      # the next build (VERSION_NEXT)
@@ -383,130 +381,61 @@ def op_view(op):
 
 # ------------------------------------------------------------------------ operation watch
 
-OPS_PATH = "/apis/unbounded-cloud.io/v1alpha3/machineoperations"
+class Recorder(threading.Thread):
+    """Every state of every MachineOperation from the start, as the tests' watch recorder
+    (tests/support/recording.rs, run as examples/watch-recorder.rs) tells it, one JSON line
+    each: a list, then a watch that resumes from the last resourceVersion it saw. A re-list
+    (the API server could no longer resume: events were compacted away) may have skipped
+    states: `gaps` keeps it and the final check fails on it; a failed watch tried again is a
+    resume. The recorder judges each operation's states itself (`violations`). soak.py's
+    `MachineWatch` records the Machines with `what = "machines"` and its own `_row`."""
 
-
-class Api:
-    """The lab's kube-apiserver over HTTPS with the admin certificate (stdlib only)."""
-
-    def __init__(self, cp_dir):
-        u = urllib.parse.urlsplit(read_state(cp_dir)["APISERVER_URL"])
-        self.host, self.port = u.hostname, u.port
-        pki = os.path.join(cp_dir, "pki")
-        self.ctx = ssl.create_default_context(cafile=os.path.join(pki, "ca.crt"))
-        self.ctx.load_cert_chain(os.path.join(pki, "admin.crt"), os.path.join(pki, "admin.key"))
-
-    def connect(self, timeout):
-        return http.client.HTTPSConnection(self.host, self.port, context=self.ctx, timeout=timeout)
-
-    def get(self, path, timeout=30):
-        c = self.connect(timeout)
-        try:
-            c.request("GET", path)
-            r = c.getresponse()
-            return r.status, json.loads(r.read() or b"{}")
-        finally:
-            c.close()
-
-
-class OpWatch(threading.Thread):
-    """Records every state of every MachineOperation from the start: a list, then a watch that
-    resumes from the last resourceVersion it saw (bookmarks included) whenever the stream
-    ends, so no event falls between two streams. A resume is accounted for; a watch the API
-    server can no longer resume (410 Gone: events were compacted away) is a gap, which
-    `gaps` keeps and the final check fails on. Another resource's watch (soak.py's of the
-    Machine) is a subclass with its own `path` and `_record`."""
-
-    path = OPS_PATH
+    what = "operations"
 
     def __init__(self, lab):
         super().__init__(daemon=True)
-        self.api = Api(lab.cp_dir)
-        self.hist = {}  # name -> [(t, phase, reason, message, completedAt, startedAt, uid)]
+        self.cmd = [lab.recorder, lab.kubeconfig, self.what]
+        self.hist = {}  # name -> rows (`_row`)
         self.rv_seen = {}  # name -> newest resourceVersion seen
+        self.judged = {}  # name -> the recorder's violations after its newest state
         self.lock = threading.Lock()
-        self.stopping = False
-        self.conn = None
+        self.proc = None
         self.resumes = 0
         self.gaps = []
         self.listed = threading.Event()
 
     def run(self):
-        rv = None
-        while not self.stopping:
-            try:
-                if rv is None:
-                    status, lst = self.api.get(self.path)
-                    if status != 200:
-                        raise OSError("list: HTTP %d" % status)
-                    for obj in lst.get("items") or []:
-                        self._record(obj)
-                    rv = lst["metadata"]["resourceVersion"]
-                    self.listed.set()
-                rv = self._stream(rv)
-                if rv is not None:
-                    self.resumes += 1
-            except (OSError, http.client.HTTPException, ValueError, KeyError) as e:
-                if self.stopping:
-                    return
+        self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+        for line in self.proc.stdout:
+            told = json.loads(line)
+            kind = told["record"]
+            if kind == "listed":
+                self.listed.set()
+            elif kind == "relisted":
+                self.gaps.append("%s: listed again: states may be missing" % time.strftime("%H:%M:%S"))
+            elif kind == "error":
                 self.resumes += 1
-                time.sleep(1)
-                # A list that fails before the first one succeeded misses nothing (the checks
-                # start after it); a re-list after a 410 was already counted as that gap.
-                if rv is None and self.listed.is_set():
-                    self.gaps.append("%s: re-list failed: %s" % (time.strftime("%H:%M:%S"), e))
+            else:
+                st = told["state"]
+                row = self._row(st)
+                with self.lock:
+                    name = st["name"]
+                    self.rv_seen[name] = int(st["resourceVersion"] or 0)
+                    self.judged[name] = told["violations"]
+                    h = self.hist.setdefault(name, [])
+                    if not h or h[-1][1:] != row[1:]:
+                        h.append(row)
 
-    def _stream(self, rv):
-        """Follows one watch stream from `rv`; returns where to resume, None to re-list."""
-        self.conn = self.api.connect(timeout=120)
-        try:
-            self.conn.request("GET", "%s?watch=1&allowWatchBookmarks=true&timeoutSeconds=240"
-                                     "&resourceVersion=%s" % (self.path, rv))
-            r = self.conn.getresponse()
-            if r.status == 410:
-                self.gaps.append("%s: watch from %s: 410 Gone" % (time.strftime("%H:%M:%S"), rv))
-                return None
-            if r.status != 200:
-                raise OSError("watch: HTTP %d" % r.status)
-            while True:
-                line = r.readline()
-                if not line:
-                    return rv
-                ev = json.loads(line)
-                obj = ev.get("object") or {}
-                if ev.get("type") == "ERROR":
-                    if obj.get("code") == 410:
-                        self.gaps.append("%s: watch from %s: %s" % (time.strftime("%H:%M:%S"), rv,
-                                                                   obj.get("message")))
-                        return None
-                    raise OSError("watch error: %s" % obj.get("message"))
-                rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
-                if ev.get("type") in ("ADDED", "MODIFIED"):
-                    self._record(obj)
-        finally:
-            self.conn.close()
-
-    def _record(self, obj):
-        meta = obj.get("metadata") or {}
-        name = meta.get("name")
-        if not name:
-            return
-        phase, reason, msg, done, started = op_view(obj)
-        row = (time.time(), phase, reason, msg, done, started, meta.get("uid"))
-        with self.lock:
-            self.rv_seen[name] = max(self.rv_seen.get(name, 0), int(meta.get("resourceVersion") or 0))
-            h = self.hist.setdefault(name, [])
-            if not h or h[-1][1:] != row[1:]:
-                h.append(row)
+    @staticmethod
+    def _row(st):
+        """(t, phase, reason, message, completedAt, startedAt, uid), as `op_view` gives them."""
+        return (st["at"], st["phase"] or "", st["completedReason"], st["message"],
+                st["completedAt"] or "", st["startedAt"] or "", st["uid"])
 
     def stop(self):
-        self.stopping = True
-        c = self.conn
-        if c is not None and c.sock is not None:
-            try:
-                c.sock.shutdown(2)
-            except OSError:
-                pass
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
 
     def caught_up(self, name, rv):
         with self.lock:
@@ -521,24 +450,10 @@ class OpWatch(threading.Thread):
             return list(self.hist)
 
     def violations(self, name):
-        """Ways `name` had more than one terminal result or left a terminal phase."""
-        h = self.history(name)
-        bad = []
-        first = None
-        for row in h:
-            _, phase, reason, msg, done, _, uid = row
-            if first is None:
-                if phase in TERMINAL:
-                    first = row
-                continue
-            if uid != first[6]:
-                continue
-            if phase not in TERMINAL:
-                bad.append("went back to %r after %s/%s" % (phase or "(none)", first[1], first[2]))
-            elif (phase, reason, done) != (first[1], first[2], first[4]):
-                bad.append("second terminal result %s/%s at %s after %s/%s at %s"
-                           % (phase, reason, done, first[1], first[2], first[4]))
-        return bad
+        """Ways `name` broke its contract: more than one terminal result, a terminal phase
+        left, pending again after InProgress."""
+        with self.lock:
+            return list(self.judged.get(name, []))
 
 
 # -------------------------------------------------------------------- what suites share
@@ -549,7 +464,7 @@ class SuiteBase:
 
     def __init__(self, lab):
         self.lab = lab
-        self.watch = OpWatch(lab)
+        self.watch = Recorder(lab)
         self.created = []
 
     def create(self, kind, name, **kw):

@@ -44,7 +44,7 @@ import sys
 import threading
 import time
 
-from lab import (MSG_REBOOT_DONE, MSG_UPGRADE_DONE, SLOT_RE, TERMINAL, Fail, Lab, OpWatch,
+from lab import (MSG_REBOOT_DONE, MSG_UPGRADE_DONE, SLOT_RE, TERMINAL, Fail, Lab, Recorder,
                  detail, need, op_view, show_guest, slot_path, wait_until)
 
 KINDS = ("upgrade", "reboot", "repave")
@@ -52,36 +52,22 @@ KINDS = ("upgrade", "reboot", "repave")
 BOUND = {"upgrade": 900, "reboot": 900, "repave": 1800}
 DISRUPTIVE = ("SwitchAgent", "ScheduleAgentRestart", "RestartAgent", "StopMachine",
               "RestartMachine", "RemoveMachine", "WipeNode", "UninstallAgent")
-MACHINES_PATH = "/apis/unbounded-cloud.io/v1alpha3/machines"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 # ------------------------------------------------------------------------ what is recorded
 
-class MachineWatch(OpWatch):
-    """Every state the node's Machine goes through (its phase and `NodeUpdated` condition),
-    listed then watched like the operations (lab.OpWatch: resumed from the last
-    resourceVersion, a 410 is a gap)."""
+class MachineWatch(Recorder):
+    """Every state of the Machines (their phase and `NodeUpdated` condition), recorded like
+    the operations (lab.Recorder); `history(lab.node)` is the node's."""
 
-    path = MACHINES_PATH
+    what = "machines"
 
-    def __init__(self, lab):
-        super().__init__(lab)
-        self.node = lab.node
-
-    def _record(self, obj):
-        meta = obj.get("metadata") or {}
-        if meta.get("name") != self.node:
-            return
-        st = obj.get("status") or {}
-        cond = next((c for c in st.get("conditions") or [] if c.get("type") == "NodeUpdated"), {})
-        row = (time.time(), meta.get("generation"), st.get("phase") or "", cond.get("status") or "",
-               cond.get("message") or "", cond.get("observedGeneration"), meta.get("uid"))
-        with self.lock:
-            self.rv_seen[self.node] = max(self.rv_seen.get(self.node, 0), int(meta.get("resourceVersion") or 0))
-            h = self.hist.setdefault(self.node, [])
-            if not h or h[-1][1:] != row[1:]:
-                h.append(row)
+    @staticmethod
+    def _row(st):
+        """(t, generation, phase, NodeUpdated status, its message, its observedGeneration, uid)."""
+        return (st["at"], st["generation"], st["phase"], st["updatedStatus"], st["updatedMessage"],
+                st["observedGeneration"], st["uid"])
 
 
 def repave_terminal(row, gen):

@@ -40,6 +40,7 @@ class NativeLab:
         self.kubectl_bin = st["KUBECTL"]
         self.kubeconfig = st["KUBECONFIG"]
         self.flexnode = st["FLEXNODE_BIN"]
+        self.recorder = st["RECORDER_BIN"]
         self.cp_dir = st["CP_DIR"]
         self.k8s_version = st["K8S_VERSION"]
         self.join_version = st["JOIN_VERSION"]
@@ -110,6 +111,50 @@ class Suite(SuiteBase):
             kube1 = lab.node_sh(name, "machinectl show kube1 -p State --value").strip()
             need(kube1 == "running", "%s: machine kube1 is %r" % (name, kube1))
         detail("3 Nodes Ready at %s, Machines Ready, agents active, kube1 running" % lab.join_version)
+
+    def c_token_join(self):
+        """Each node joined from the API server's URL and CA and a bootstrap token bound to it
+        alone (e2e/native/lab: no certificate minted with the cluster's CA key): one CSR per
+        node, sent by its token, approved by `flexnode approver` for that binding; the
+        agent's kubeconfig (0600) holds the certificate it issued; the token's secret in no
+        journal, log, command line or environment."""
+        lab = self.lab
+        csrs = lab.kube_json("get", "csr")["items"]
+        for name in lab.nodes:
+            conf = lab.node_sh(name, "cat /root/join.yaml")
+            need("apiServer: https://" in conf and "kubeconfig:" not in conf,
+                 "%s's join configuration names a kubeconfig:\n%s" % (name, conf))
+            token = lab.node_sh(name, "cat /root/bootstrap-token").strip()
+            token_id, secret = token.split(".")
+            mine = [c for c in csrs if c["metadata"]["name"].startswith("flexnode-%s-" % name)]
+            need(len(mine) == 1, "%s: %d certificate requests" % (name, len(mine)))
+            csr = mine[0]
+            need(csr["spec"]["username"] == "system:bootstrap:" + token_id,
+                 "%s's request was sent by %s" % (name, csr["spec"]["username"]))
+            approved = [c for c in csr["status"].get("conditions") or [] if c["type"] == "Approved"]
+            need(approved and approved[0].get("reason") == "BoundBootstrapToken",
+                 "%s's request: %s" % (name, csr["status"].get("conditions")))
+            issued = csr["status"].get("certificate")
+            kc = lab.node_sh(name, "stat -c %a /etc/flexnode/kubeconfig; cat /etc/flexnode/kubeconfig")
+            mode, _, text = kc.partition("\n")
+            need(mode == "600", "%s: /etc/flexnode/kubeconfig is mode %s" % (name, mode))
+            need(issued and issued in text, "%s's kubeconfig does not hold its issued certificate" % name)
+            # The pattern from a file: no command line here carries the secret either.
+            leaks = lab.node_sh(name, "umask 077; cut -d. -f2 /root/bootstrap-token > /run/leak.pat; "
+                                      "journalctl --no-pager -o cat | grep -c -F -f /run/leak.pat || true; "
+                                      "grep -l -F -f /run/leak.pat /proc/[0-9]*/cmdline "
+                                      "/proc/[0-9]*/environ 2>/dev/null | wc -l; rm -f /run/leak.pat").split()
+            need(leaks == ["0", "0"], "%s: the token's secret in %s journal lines and %s process "
+                 "command lines or environments" % (name, leaks[0], leaks[1]))
+            with open(os.path.join(lab.dir, "logs", "join-%s.log" % name)) as f:
+                need(secret not in f.read(), "%s's join log holds the token's secret" % name)
+            need(secret not in text, "%s's kubeconfig holds the token's secret" % name)
+        with open(os.path.join(lab.dir, "logs", "approver.log")) as f:
+            approver = f.read()
+        need(approver.count("BoundBootstrapToken") >= len(lab.nodes),
+             "the approver's log shows %d approvals" % approver.count("BoundBootstrapToken"))
+        detail("%d nodes joined with node-bound bootstrap tokens alone: one CSR each, approved "
+               "BoundBootstrapToken; no secret in journals, logs or process lines" % len(lab.nodes))
 
     def c_pod_ranges(self):
         ranges = self.ranges()
@@ -372,6 +417,7 @@ class Suite(SuiteBase):
 
 CHECKS = [
     ("three-nodes-join", Suite.c_join, NATIVE),
+    ("joined-with-bootstrap-tokens-alone", Suite.c_token_join, NATIVE),
     ("pod-ranges-from-the-cluster", Suite.c_pod_ranges, NATIVE),
     ("pod-on-every-node", Suite.c_pod_on_every_node, NATIVE),
     ("pod-to-pod-across-nodes", Suite.c_pod_to_pod, NATIVE),

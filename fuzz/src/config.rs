@@ -82,12 +82,20 @@ fn check_config(config: &Config) {
             "{config:?}"
         );
     }
+    // A bootstrap token join installs the kubeconfig it obtains (src/identity/bootstrap.rs),
+    // which no file here stands for: the installed file names it and no API server.
+    if config.token_join.is_some() {
+        let rendered = config.rendered();
+        assert!(rendered.api_server.is_none() && rendered.api_server_ca_file.is_none());
+        assert!(rendered.bootstrap_token_file.is_some(), "{config:?}");
+        return;
+    }
     // What `join` writes (src/cli/join.rs), with the copied files where they are here.
     let installed = ConfigFile {
         kubeconfig: Some(config.kubeconfig.clone()),
         trusted_ca_file: config.trusted_ca_file.clone(),
         registry_credentials_file: config.registry_credentials_file.clone(),
-        bootstrap_token_file: config.node.as_ref().map(|n| n.bootstrap_token_file.clone()),
+        bootstrap_token_file: config.bootstrap_token_file.clone(),
         ..config.rendered()
     };
     let yaml = serde_saphyr::to_string(&installed).expect("render the installed config");

@@ -1,7 +1,8 @@
 //! The command line: each command, and the module that runs it (`cli/<command>.rs`).
 
 use super::{
-    Output, daemon, generated, host_exec, ignition, join, op, recover, reset, rollout, status,
+    Output, approver, daemon, generated, host_exec, ignition, join, op, recover, reset, rollout,
+    status,
 };
 use crate::store;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -86,6 +87,9 @@ pub enum Command {
     Op(op::command::OpArgs),
     /// Run an operation on every node a selector matches, in waves; resumable.
     Rollout(Box<rollout::RolloutArgs>),
+    /// Approve the certificate requests of agents whose bootstrap token is bound to their node
+    /// (or who renew their own identity); deny the rest asking for an agent identity.
+    Approver(approver::ApproverArgs),
     /// Print the shell completion script for SHELL (also in the repository's completions/).
     Completions {
         #[arg(value_enum)]
@@ -96,10 +100,11 @@ pub enum Command {
 }
 
 impl Command {
-    /// The daemon and the commands that act on the node (they log at info by default).
-    pub fn changes_node(&self) -> bool {
+    /// The daemons (the agent, the approver) and the commands that act on the node: they log
+    /// what they do (at info by default).
+    pub fn logs_actions(&self) -> bool {
         match self {
-            Self::Daemon(_) | Self::Join { .. } | Self::Reset { .. } => true,
+            Self::Daemon(_) | Self::Join { .. } | Self::Reset { .. } | Self::Approver(_) => true,
             Self::RecoverAgentUpgrade { .. } => true,
             Self::Status { .. }
             | Self::History { .. }
@@ -157,6 +162,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::RecoverAgentUpgrade { message } => recover::run(&cli.state, &message),
         Command::Op(args) => op::command::run(args),
         Command::Rollout(args) => rollout::run(*args),
+        Command::Approver(args) => approver::run(args),
         Command::HostExec { root, command } => host_exec::run(&root, &command),
     }
 }

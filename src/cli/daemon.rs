@@ -69,6 +69,7 @@ async fn on_host(state: &Path, args: &DaemonArgs) -> Result<(), Failure> {
         // Without a configuration there is no credential: the log and STATUS say it.
         Err(fault) => return Err(refuse(fault, None).await),
     };
+    let (client, renewing) = wiring::renewed_client(&config, client);
     let publisher = KubePublisher::new(client.clone(), &config.node_name);
     let exe = std::env::current_exe()?;
     let running = wiring::running().ok_or_else(|| match wiring::host_root() {
@@ -142,6 +143,9 @@ async fn on_host(state: &Path, args: &DaemonArgs) -> Result<(), Failure> {
         shutdown,
     )
     .await;
+    if let Some(task) = renewing {
+        task.abort();
+    }
     match ran {
         Ok(()) => Ok(()),
         Err(e) => match e.fault(state) {

@@ -5,7 +5,7 @@
 use super::{Failure, impossible, wiring};
 use crate::config::{Config, ConfigError};
 use crate::effects::fs::write_file_atomic;
-use crate::ignition::{Inputs, provisioning};
+use crate::ignition::{Credential, Inputs, provisioning};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 use std::process::ExitCode;
@@ -24,7 +24,10 @@ fn render(path: &Path, out: &Path) -> Result<(), Failure> {
             .map_err(|e| impossible(ConfigError::new(setting, format!("{}: {e}", p.display()))))
     };
     let inputs = Inputs {
-        kubeconfig: read("kubeconfig", &config.kubeconfig)?,
+        credential: match &config.token_join {
+            None => Credential::Kubeconfig(read("kubeconfig", &config.kubeconfig)?),
+            Some(t) => Credential::ApiServerCa(read("apiServerCAFile", &t.ca_file)?),
+        },
         trusted_ca: config
             .trusted_ca_file
             .as_deref()
@@ -36,9 +39,9 @@ fn render(path: &Path, out: &Path) -> Result<(), Failure> {
             .map(|p| read("registryCredentialsFile", p))
             .transpose()?,
         bootstrap_token: config
-            .node
-            .as_ref()
-            .map(|n| read("bootstrapTokenFile", &n.bootstrap_token_file))
+            .bootstrap_token_file
+            .as_deref()
+            .map(|p| read("bootstrapTokenFile", p))
             .transpose()?,
     };
     let p = provisioning(&config, inputs).map_err(|e| Failure::config(e.to_string()))?;

@@ -10,7 +10,7 @@ use crate::api::machine::{KubernetesSpec, MachineSpec};
 use crate::config::kubeconfig::client_from_kubeconfig;
 use crate::config::{
     BOOTSTRAP_TOKEN_PATH, CONFIG_PATH, Config, ConfigError, KUBECONFIG_PATH,
-    REGISTRY_CREDENTIALS_PATH, TRUSTED_CA_PATH,
+    REGISTRY_CREDENTIALS_PATH, TRUSTED_CA_PATH, TokenJoin,
 };
 use crate::effects::fs::{
     create_parents, ensure_real_dir, remove_no_follow, remove_tree, sync_existing_dir,
@@ -19,6 +19,10 @@ use crate::effects::fs::{
 use crate::effects::host::{AGENT_IMAGE_VAR, RUNTIME_DIR_MODE};
 use crate::effects::{AGENT_UNIT, Containerd, Systemd};
 use crate::exec::{Fed, start_agent, write_units};
+use crate::identity::bootstrap::{BootstrapError, Obtained, TokenRequest, by_token};
+use crate::identity::credential::read_token;
+use crate::identity::request::{Progress, RequestError};
+use crate::identity::unix_now;
 use crate::ignition::BOOTSTRAP_DIR;
 use crate::lifecycle::agent::{AgentBuild, Arch, InstallMode, Slot};
 use crate::lifecycle::fault::{Fault, FaultKind};
@@ -99,6 +103,9 @@ async fn join(state: &Path, path: &Path) -> Result<(), Failure> {
     preflight(&config)?;
     writable(state)?;
     after_any_reset(state).await?;
+    if let Some(token_join) = &config.token_join {
+        agent_certificate(&config, token_join).await?;
+    }
     let client = client_from_kubeconfig(&config.kubeconfig)
         .await
         .map_err(|e| {
@@ -174,6 +181,87 @@ async fn join(state: &Path, path: &Path) -> Result<(), Failure> {
         config.node_name, config.kubernetes_version
     );
     remove_bootstrap_inputs(path)
+}
+
+/// How long `join` waits for its certificate request to be approved and signed; the
+/// bootstrap unit's next attempt finds the same request and waits on.
+const CERTIFICATE_WAIT: Duration = Duration::from_secs(300);
+
+/// A node that joins with a bootstrap token: the agent's certificate (src/identity/), into
+/// the kubeconfig every later step uses. A denied request or a refused token is an
+/// impossible setting (78): only an operator mends those.
+async fn agent_certificate(config: &Config, join: &TokenJoin) -> Result<(), Failure> {
+    let read = |setting: &str, path: &Path| {
+        std::fs::read(path).map_err(|e| {
+            impossible(ConfigError::new(
+                setting,
+                format!("{}: {e}", path.display()),
+            ))
+        })
+    };
+    let ca_pem = read("apiServerCAFile", &join.ca_file)?;
+    let token_file = config
+        .bootstrap_token_file
+        .as_deref()
+        .ok_or_else(|| impossible(ConfigError::new("bootstrapTokenFile", "is required")))?;
+    let token = read_token(token_file).map_err(|e| {
+        impossible(ConfigError::new(
+            "bootstrapTokenFile",
+            format!("{}: {e}", token_file.display()),
+        ))
+    })?;
+    config_dir()?;
+    let request = TokenRequest {
+        node: &config.node_name,
+        server: &join.server,
+        ca_pem: &ca_pem,
+        token,
+        expiration_seconds: config.agent_certificate_expiration_seconds,
+        kubeconfig: &config.kubeconfig,
+    };
+    let progress = |p: Progress<'_>| match p {
+        Progress::Sent { name } => {
+            eprintln!("flexnode join: asked the cluster for the agent's certificate (CSR {name})")
+        }
+        Progress::Waiting {
+            name,
+            approved,
+            waited,
+        } => eprintln!(
+            "flexnode join: waiting for CSR {name} to be {} ({} s)",
+            if approved { "signed" } else { "approved" },
+            waited.as_secs()
+        ),
+    };
+    match by_token(request, unix_now(), CERTIFICATE_WAIT, progress).await {
+        Ok(Obtained::Kept(_)) => Ok(()),
+        Ok(Obtained::New(cert)) => {
+            eprintln!(
+                "flexnode join: the agent's certificate for {} is valid until {}",
+                cert.common_name,
+                crate::lifecycle::Timestamp::from_millis(cert.not_after.saturating_mul(1000))
+            );
+            Ok(())
+        }
+        Err(BootstrapError::Request(e)) if e.refused() => Err(impossible(ConfigError::new(
+            "bootstrapTokenFile",
+            format!(
+                "the API server refused the bootstrap token ({e}): it may have expired or been \
+                 deleted; create one bound to this node (docs/config.md)"
+            ),
+        ))),
+        Err(BootstrapError::Request(e @ RequestError::Denied { .. })) => {
+            Err(impossible(ConfigError::new(
+                "bootstrapTokenFile",
+                format!(
+                    "{e}; the token must be bound to this node (auth-extra-groups \
+                     system:bootstrappers:flexnode:{}, docs/config.md)",
+                    config.node_name
+                ),
+            )))
+        }
+        Err(e) => Err(Failure::failed(format!("the agent's certificate: {e}"))),
+    }
 }
 
 /// The first build: on the host install this executable (copied into a slot); on the
@@ -380,11 +468,7 @@ fn api_failure(e: kube::Error) -> Failure {
 /// bootstrap token), 0600, written atomically, in a 0700 directory (one that exists is made
 /// so); and the units' documentation.
 fn install_files(config: &Config) -> anyhow::Result<()> {
-    let dir = Path::new(CONFIG_PATH)
-        .parent()
-        .ok_or_else(|| anyhow::anyhow!("no config directory"))?;
-    create_parents(dir)?;
-    ensure_real_dir(dir, RUNTIME_DIR_MODE)?;
+    let dir = config_dir()?;
     crate::units::write_doc(dir)?;
     let copies = [
         (Some(&config.kubeconfig), KUBECONFIG_PATH),
@@ -393,10 +477,7 @@ fn install_files(config: &Config) -> anyhow::Result<()> {
             config.registry_credentials_file.as_ref(),
             REGISTRY_CREDENTIALS_PATH,
         ),
-        (
-            config.node.as_ref().map(|n| &n.bootstrap_token_file),
-            BOOTSTRAP_TOKEN_PATH,
-        ),
+        (config.bootstrap_token_file.as_ref(), BOOTSTRAP_TOKEN_PATH),
     ];
     for (from, to) in copies {
         if let Some(from) = from
@@ -411,6 +492,16 @@ fn install_files(config: &Config) -> anyhow::Result<()> {
         Path::new(CONFIG_PATH),
         format!("# Written by `flexnode join`; see docs/config.md.\n{rendered}").as_bytes(),
     )
+}
+
+/// `/etc/flexnode`, made 0700 (one that exists is made so).
+fn config_dir() -> anyhow::Result<&'static Path> {
+    let dir = Path::new(CONFIG_PATH)
+        .parent()
+        .ok_or_else(|| anyhow::anyhow!("no config directory"))?;
+    create_parents(dir)?;
+    ensure_real_dir(dir, RUNTIME_DIR_MODE)?;
+    Ok(dir)
 }
 
 fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {

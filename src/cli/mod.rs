@@ -3,6 +3,7 @@
 //! one error type. `wiring.rs` is the one place that assembles the executor and its effects
 //! for a command or the daemon. This file imports none of its submodules: no import circle.
 
+pub mod approver;
 pub mod command;
 pub mod daemon;
 pub mod generated;

@@ -71,14 +71,15 @@ pub async fn host_effects(config: &Config) -> anyhow::Result<HostEffects> {
         ),
     };
     let mut host = FsHost::new(layout).with_fetcher(ArchiveFetcher::new().with_trust(trust));
-    if let Some(node) = &config.node {
+    // Validation makes a node's settings come with the token.
+    if let (Some(node), Some(token_file)) = (&config.node, &config.bootstrap_token_file) {
         let (server, ca_pem) = crate::config::kubeconfig_cluster(&config.kubeconfig)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         host = host.with_kubelet(KubeletInputs {
             node_name: config.node_name.clone(),
             server,
             ca_pem,
-            bootstrap_token_file: node.bootstrap_token_file.clone(),
+            bootstrap_token_file: token_file.clone(),
             trusted_ca_file: config.trusted_ca_file.clone(),
             registry_credentials_file: config.registry_credentials_file.clone(),
             sandbox_image: node.sandbox_image.clone(),
@@ -257,11 +258,37 @@ pub fn require_root(command: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The installed configuration (as `join` rendered it) and an API client from it, or the
-/// fault that keeps it from being used (missing, unreadable, a setting or a credential that
-/// cannot work: only an operator fixes those).
+/// How long a daemon's start waits for the certificate that replaces an expired one.
+const EXPIRED_REPLACEMENT_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The installed configuration (as `join` rendered it) and an API client from it — the
+/// agent's certificate replaced first through the bootstrap token if it expired while the
+/// node was off — or the fault that keeps it from being used (missing, unreadable, a setting
+/// or a credential that cannot work: only an operator fixes those).
 pub async fn installed_config(path: &Path) -> Result<(Config, kube::Client), Fault> {
     let config = Config::installed(path, &hostname())?;
+    let replaced = crate::identity::bootstrap::replace_expired(
+        &config.node_name,
+        &config.kubeconfig,
+        config.bootstrap_token_file.as_deref(),
+        config.agent_certificate_expiration_seconds,
+        crate::identity::unix_now(),
+        EXPIRED_REPLACEMENT_WAIT,
+    )
+    .await
+    .map_err(|e| {
+        Fault::new(
+            FaultKind::CertificateExpired,
+            &config.kubeconfig,
+            e.to_string(),
+        )
+    })?;
+    if let Some(cert) = replaced {
+        tracing::info!(
+            valid_until = cert.not_after,
+            "the agent's expired certificate was replaced through the bootstrap token"
+        );
+    }
     let client = client_from_kubeconfig(&config.kubeconfig)
         .await
         .map_err(|e| {
@@ -293,4 +320,24 @@ pub fn store_failure(e: StoreError, state: &Path) -> super::Failure {
         Some(fault) => super::Failure::failed(format!("{fault}; {}", fault.remedy())),
         None => e.into(),
     }
+}
+
+/// The daemon's client, switched in place to each certificate the agent renews
+/// (src/identity/rotation.rs) while a task keeps it renewed; a kubeconfig without a
+/// certificate of its own (a token, an exec plugin) is used as it is.
+pub fn renewed_client(
+    config: &Config,
+    client: kube::Client,
+) -> (kube::Client, Option<tokio::task::JoinHandle<()>>) {
+    if crate::identity::credential::certificate_in(&config.kubeconfig).is_none() {
+        return (client, None);
+    }
+    let (client, swap) = crate::identity::rotation::Swappable::new(client);
+    let renewer = crate::identity::rotation::Renewer {
+        node: config.node_name.clone(),
+        kubeconfig: config.kubeconfig.clone(),
+        expiration_seconds: config.agent_certificate_expiration_seconds,
+        renew_at: config.renew_at,
+    };
+    (client, Some(tokio::spawn(renewer.run(swap, |_| {}))))
 }

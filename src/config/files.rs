@@ -74,15 +74,14 @@ fn regular_file(setting: &str, path: &Path) -> Result<std::fs::Metadata, ConfigE
     Ok(meta)
 }
 
-/// PEM certificates, at least one.
-pub(super) fn check_trusted_ca(path: &Path) -> Result<(), ConfigError> {
-    const SETTING: &str = "trustedCAFile";
-    regular_file(SETTING, path)?;
-    let pem = read_small(path, SETTING)?;
+/// PEM certificates, at least one, in a regular file.
+pub(super) fn check_ca(setting: &'static str, path: &Path) -> Result<(), ConfigError> {
+    regular_file(setting, path)?;
+    let pem = read_small(path, setting)?;
     match reqwest::Certificate::from_pem_bundle(pem.as_bytes()) {
         Ok(certs) if !certs.is_empty() => Ok(()),
         _ => Err(bad(
-            SETTING,
+            setting,
             format!("{} holds no PEM certificate", path.display()),
         )),
     }

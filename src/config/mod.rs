@@ -12,8 +12,7 @@ use crate::lifecycle::validate::{
     POD_RANGE_FROM_CLUSTER, UnpinnedImage, parse_pinned_image, valid_pod_range,
 };
 use files::{
-    check_bootstrap_token, check_kubeconfig, check_registry_credentials, check_trusted_ca,
-    read_small,
+    check_bootstrap_token, check_ca, check_kubeconfig, check_registry_credentials, read_small,
 };
 pub use files::{kubeconfig_cluster, process_uid};
 pub use image::{AgentImage, NodeImage};
@@ -46,6 +45,24 @@ pub struct ConfigFile {
     pub node_name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubeconfig: Option<PathBuf>,
+    /// Joining with a bootstrap token instead of a kubeconfig: the API server's URL …
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_server: Option<String>,
+    /// … and its CA (PEM).
+    #[serde(
+        default,
+        rename = "apiServerCAFile",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub api_server_ca_file: Option<PathBuf>,
+    /// The lifetime the agent asks for its certificate (`expirationSeconds`, ≥ 600); the
+    /// signer's default when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_certificate_expiration_seconds: Option<i32>,
+    /// Where in its life the agent's certificate is renewed: `[FROM, TO]` percent (a point
+    /// drawn between); default `[70, 90]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_certificate_renew_at_percent: Option<[u8; 2]>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes_version: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -73,7 +90,8 @@ pub struct ConfigFile {
     /// the machines run its kubelet. Without it a machine is a minimal tree with no kubelet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_images: Option<BTreeMap<String, String>>,
-    /// A private file holding the kubelet's bootstrap token (`abcdef.0123456789abcdef`).
+    /// A private file holding a bootstrap token (`abcdef.0123456789abcdef`): the kubelet's
+    /// first credential, and the agent's when it joins with `apiServer`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap_token_file: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -90,7 +108,15 @@ pub struct ConfigFile {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     pub node_name: String,
+    /// The agent's credential; with `token_join`, where `join` writes the one it obtains.
     pub kubeconfig: PathBuf,
+    /// Joining with a bootstrap token: the agent obtains its certificate by a CSR.
+    pub token_join: Option<TokenJoin>,
+    /// The bootstrap token (the kubelet's, and the agent's with `token_join`).
+    pub bootstrap_token_file: Option<PathBuf>,
+    /// `expirationSeconds` of the agent's certificate requests.
+    pub agent_certificate_expiration_seconds: Option<i32>,
+    pub renew_at: RenewAt,
     pub kubernetes_version: String,
     pub install_mode: InstallMode,
     /// Certificates trusted for https downloads and registries beyond the system store.
@@ -105,12 +131,50 @@ pub struct Config {
     pub metrics_address: Option<std::net::SocketAddr>,
 }
 
-/// The kubelet's side of the configuration.
+/// Where a node that joins with a bootstrap token asks for its certificate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenJoin {
+    /// `https://…`.
+    pub server: String,
+    pub ca_file: PathBuf,
+}
+
+/// When in a certificate's life it is renewed: a point drawn between the two percents.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RenewAt {
+    pub from_percent: u8,
+    pub to_percent: u8,
+}
+
+impl Default for RenewAt {
+    fn default() -> Self {
+        Self {
+            from_percent: 70,
+            to_percent: 90,
+        }
+    }
+}
+
+impl RenewAt {
+    /// The Unix second a certificate valid from `not_before` to `not_after` is renewed at;
+    /// `draw` in [0, 1) places it between the percents (nodes that joined together do not
+    /// all renew together).
+    pub fn point(self, not_before: i64, not_after: i64, draw: f64) -> i64 {
+        let life = (not_after - not_before) as f64;
+        let (from, to) = (f64::from(self.from_percent), f64::from(self.to_percent));
+        let percent = from + (to - from) * draw.clamp(0.0, 1.0);
+        not_before + (life * percent / 100.0) as i64
+    }
+}
+
+/// The lowest `expirationSeconds` the API server takes.
+pub const MIN_CERTIFICATE_SECONDS: i32 = 600;
+
+/// The kubelet's side of the configuration (its bootstrap token is `Config`'s).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeConfig {
     /// By Kubernetes version (`v1.34.12`).
     pub images: BTreeMap<String, NodeImage>,
-    pub bootstrap_token_file: PathBuf,
     pub sandbox_image: String,
     pub pod_cidr: String,
 }
@@ -242,9 +306,15 @@ impl Config {
                     .collect()
             }),
             bootstrap_token_file: self
-                .node
+                .bootstrap_token_file
                 .as_ref()
                 .map(|_| PathBuf::from(BOOTSTRAP_TOKEN_PATH)),
+            // Installed, the agent's credential is the kubeconfig `join` wrote.
+            api_server: None,
+            api_server_ca_file: None,
+            agent_certificate_expiration_seconds: self.agent_certificate_expiration_seconds,
+            agent_certificate_renew_at_percent: (self.renew_at != RenewAt::default())
+                .then_some([self.renew_at.from_percent, self.renew_at.to_percent]),
             sandbox_image: self.node.as_ref().map(|n| n.sandbox_image.clone()),
             pod_cidr: self.node.as_ref().map(|n| n.pod_cidr.clone()),
             metrics_address: self.metrics_address.map(|a| a.to_string()),
@@ -307,28 +377,51 @@ impl ConfigFile {
                 format!("{kubernetes_version:?} is not a version like v1.34.12"),
             ));
         }
-        let kubeconfig = self.kubeconfig.ok_or_else(|| {
-            bad(
-                "kubeconfig",
-                "is required: the node's credential (a kubeconfig with a client certificate)",
-            )
-        })?;
-        check_kubeconfig(&kubeconfig)?;
+        let token_file = self.bootstrap_token_file;
+        if let Some(path) = &token_file {
+            check_bootstrap_token(path)?;
+        }
+        let (kubeconfig, token_join) = credential(
+            self.kubeconfig,
+            self.api_server,
+            self.api_server_ca_file,
+            token_file.is_some(),
+        )?;
+        let expiration = self.agent_certificate_expiration_seconds;
+        if expiration.is_some_and(|s| s < MIN_CERTIFICATE_SECONDS) {
+            return Err(bad(
+                "agentCertificateExpirationSeconds",
+                format!("must be at least {MIN_CERTIFICATE_SECONDS} (the API server's minimum)"),
+            ));
+        }
         if let Some(path) = &self.trusted_ca_file {
-            check_trusted_ca(path)?;
+            check_ca("trustedCAFile", path)?;
         }
         if let Some(path) = &self.registry_credentials_file {
             check_registry_credentials(path)?;
         }
+        let renew_at = match self.agent_certificate_renew_at_percent {
+            None => RenewAt::default(),
+            Some([from, to]) if 1 <= from && from <= to && to <= 99 => RenewAt {
+                from_percent: from,
+                to_percent: to,
+            },
+            Some(_) => {
+                return Err(bad(
+                    "agentCertificateRenewAtPercent",
+                    "must be [FROM, TO] with 1 <= FROM <= TO <= 99 (percent of the certificate's life)",
+                ));
+            }
+        };
         let node = node_config(
             &kubernetes_version,
             self.node_images,
-            self.bootstrap_token_file,
+            token_file.is_some(),
             self.sandbox_image,
             self.pod_cidr,
         )?;
         // The kubelet is given the agent's API server and cluster CA.
-        if node.is_some() {
+        if node.is_some() && token_join.is_none() {
             let (server, _) = kubeconfig_cluster(&kubeconfig)?;
             if !server.starts_with("https://") {
                 return Err(bad(
@@ -345,6 +438,10 @@ impl ConfigFile {
         Ok(Config {
             node_name,
             kubeconfig,
+            token_join,
+            bootstrap_token_file: token_file,
+            agent_certificate_expiration_seconds: expiration,
+            renew_at,
             kubernetes_version,
             install_mode,
             trusted_ca_file: self.trusted_ca_file,
@@ -378,18 +475,75 @@ pub fn metrics_address(text: &str) -> Result<std::net::SocketAddr, ConfigError> 
     Ok(addr)
 }
 
+/// The agent's credential: a kubeconfig, or what a bootstrap token join asks with (the API
+/// server, its CA; the token is checked by the caller).
+fn credential(
+    kubeconfig: Option<PathBuf>,
+    server: Option<String>,
+    ca_file: Option<PathBuf>,
+    has_token: bool,
+) -> Result<(PathBuf, Option<TokenJoin>), ConfigError> {
+    match (kubeconfig, server) {
+        (Some(_), Some(_)) => Err(bad(
+            "apiServer",
+            "is for joining with a bootstrap token, without a kubeconfig: set one of the two",
+        )),
+        (Some(kubeconfig), None) => {
+            if ca_file.is_some() {
+                return Err(bad("apiServerCAFile", "goes with apiServer"));
+            }
+            check_kubeconfig(&kubeconfig)?;
+            Ok((kubeconfig, None))
+        }
+        (None, Some(server)) => {
+            let https = url::Url::parse(&server).is_ok_and(|u| {
+                u.scheme() == "https" && u.host().is_some() && u.password().is_none()
+            });
+            if !https {
+                return Err(bad(
+                    "apiServer",
+                    "must be an https:// URL of the API server (the value is not shown: it may \
+                     carry credentials)",
+                ));
+            }
+            let ca_file = ca_file.ok_or_else(|| {
+                bad(
+                    "apiServerCAFile",
+                    "is required with apiServer: the cluster's CA, which the API server is \
+                     verified with",
+                )
+            })?;
+            check_ca("apiServerCAFile", &ca_file)?;
+            if !has_token {
+                return Err(bad(
+                    "bootstrapTokenFile",
+                    "is required with apiServer: the agent asks for its certificate with it",
+                ));
+            }
+            Ok((
+                PathBuf::from(KUBECONFIG_PATH),
+                Some(TokenJoin { server, ca_file }),
+            ))
+        }
+        (None, None) => Err(bad(
+            "kubeconfig",
+            "is required: the node's credential (a kubeconfig with a client certificate); or \
+             apiServer, apiServerCAFile and bootstrapTokenFile to join with a bootstrap token",
+        )),
+    }
+}
+
 /// The kubelet's settings come with `nodeImages` or not at all; the goal's version must have
 /// an image.
 fn node_config(
     kubernetes_version: &str,
     images: Option<BTreeMap<String, String>>,
-    token_file: Option<PathBuf>,
+    has_token: bool,
     sandbox_image: Option<String>,
     pod_cidr: Option<String>,
 ) -> Result<Option<NodeConfig>, ConfigError> {
     let Some(images) = images else {
         for (setting, set) in [
-            ("bootstrapTokenFile", token_file.is_some()),
             ("sandboxImage", sandbox_image.is_some()),
             ("podCIDR", pod_cidr.is_some()),
         ] {
@@ -415,13 +569,12 @@ fn node_config(
             format!("names no image for kubernetesVersion {kubernetes_version}"),
         ));
     }
-    let token_file = token_file.ok_or_else(|| {
-        bad(
+    if !has_token {
+        return Err(bad(
             "bootstrapTokenFile",
             "is required with nodeImages: the kubelet's first credential",
-        )
-    })?;
-    check_bootstrap_token(&token_file)?;
+        ));
+    }
     let sandbox_image = sandbox_image.unwrap_or_else(|| DEFAULT_SANDBOX_IMAGE.to_string());
     match parse_pinned_image(&sandbox_image) {
         Ok(_) => {}
@@ -451,7 +604,6 @@ fn node_config(
     }
     Ok(Some(NodeConfig {
         images: parsed,
-        bootstrap_token_file: token_file,
         sandbox_image,
         pod_cidr,
     }))

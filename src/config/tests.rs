@@ -349,12 +349,12 @@ fn node_images_come_with_the_kubelet_settings_and_cover_the_goal() {
     assert_eq!(refused(&with_token("podCIDR: Cluster\n")), "podCIDR");
     let from_cluster = Config::parse(&with_token("podCIDR: cluster\n"), "h").expect("valid");
     assert_eq!(from_cluster.node.expect("node").pod_cidr, "cluster");
-    // Kubelet settings without node images.
+    // The token alone is the agent's (it renews through it: src/identity/); the kubelet's
+    // other settings need node images.
+    let alone = format!("{base}bootstrapTokenFile: {}\n", token.display());
+    let c = Config::parse(&alone, "h").expect("a token without node images");
+    assert!(c.node.is_none() && c.bootstrap_token_file.is_some());
     for (extra, setting) in [
-        (
-            format!("bootstrapTokenFile: {}\n", token.display()),
-            "bootstrapTokenFile",
-        ),
         (
             "sandboxImage: r.example/pause:3.10\n".to_string(),
             "sandboxImage",
@@ -494,4 +494,128 @@ fn a_missing_or_garbled_config_is_told_apart_from_a_bad_setting() {
     assert_eq!(kind(dir.path()), Some(FaultKind::ConfigUnreadable));
     std::fs::write(&missing, "nodeName: Not_A_Name\n").expect("write");
     assert_eq!(kind(&missing), Some(FaultKind::ConfigInvalid));
+}
+
+/// Joining with a bootstrap token: the API server, its CA and the token, no kubeconfig; the
+/// installed file names the kubeconfig `join` obtains, and no API server.
+#[test]
+fn a_bootstrap_token_join_names_the_api_server_its_ca_and_the_token() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let token = dir.path().join("token");
+    std::fs::write(&token, "abcdef.0123456789abcdef\n").expect("token");
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let ca = dir.path().join("ca.crt");
+    let pem = rcgen::CertificateParams::new(Vec::<String>::new())
+        .expect("params")
+        .self_signed(&rcgen::KeyPair::generate().expect("key"))
+        .expect("cert")
+        .pem();
+    std::fs::write(&ca, pem).expect("ca");
+    let join = format!(
+        "kubernetesVersion: v1.34.1\napiServer: https://10.0.2.100:6443\napiServerCAFile: {}\n\
+         bootstrapTokenFile: {}\n",
+        ca.display(),
+        token.display()
+    );
+    let c = Config::parse(&join, "h").expect("valid");
+    assert_eq!(c.kubeconfig, Path::new(KUBECONFIG_PATH));
+    let t = c.token_join.as_ref().expect("a token join");
+    assert_eq!(
+        (t.server.as_str(), t.ca_file.as_path()),
+        ("https://10.0.2.100:6443", ca.as_path())
+    );
+    let r = c.rendered();
+    assert_eq!(r.kubeconfig.as_deref(), Some(Path::new(KUBECONFIG_PATH)));
+    assert_eq!(
+        r.bootstrap_token_file.as_deref(),
+        Some(Path::new(BOOTSTRAP_TOKEN_PATH))
+    );
+    assert!(r.api_server.is_none() && r.api_server_ca_file.is_none());
+    let with_life = Config::parse(
+        &format!("{join}agentCertificateExpirationSeconds: 86400\n"),
+        "h",
+    )
+    .expect("valid");
+    assert_eq!(with_life.agent_certificate_expiration_seconds, Some(86400));
+    assert_eq!(
+        with_life.rendered().agent_certificate_expiration_seconds,
+        Some(86400)
+    );
+
+    let kc = kubeconfig(dir.path(), 0o600);
+    let refused = |text: String| {
+        let e = Config::parse(&text, "h").expect_err("refused");
+        assert!(
+            !e.to_string().contains("0123456789abcdef") && !e.to_string().contains("hunter2"),
+            "{e}"
+        );
+        e.setting
+    };
+    let server = "https://10.0.2.100:6443";
+    for (text, setting) in [
+        (format!("{join}kubeconfig: {}\n", kc.display()), "apiServer"),
+        (join.replace(server, "http://10.0.2.100:6443"), "apiServer"),
+        (
+            join.replace(server, "https://admin:hunter2@10.0.2.100:6443"),
+            "apiServer",
+        ),
+        (join.replace(server, "10.0.2.100:6443"), "apiServer"),
+        (
+            join.replace(&format!("apiServerCAFile: {}\n", ca.display()), ""),
+            "apiServerCAFile",
+        ),
+        (
+            join.replace(&ca.display().to_string(), &token.display().to_string()),
+            "apiServerCAFile",
+        ),
+        (
+            join.replace(&format!("bootstrapTokenFile: {}\n", token.display()), ""),
+            "bootstrapTokenFile",
+        ),
+        (
+            format!("{join}agentCertificateExpirationSeconds: 599\n"),
+            "agentCertificateExpirationSeconds",
+        ),
+        (
+            format!(
+                "kubernetesVersion: v1.34.1\nkubeconfig: {}\napiServerCAFile: {}\n",
+                kc.display(),
+                ca.display()
+            ),
+            "apiServerCAFile",
+        ),
+    ] {
+        assert_eq!(refused(text.clone()), setting, "{text}");
+    }
+    // Where in its life the certificate is renewed.
+    assert_eq!(c.renew_at, RenewAt::default());
+    let early = Config::parse(
+        &format!("{join}agentCertificateRenewAtPercent: [50, 60]\n"),
+        "h",
+    )
+    .expect("valid");
+    let at = RenewAt {
+        from_percent: 50,
+        to_percent: 60,
+    };
+    assert_eq!(early.renew_at, at);
+    assert_eq!(
+        early.rendered().agent_certificate_renew_at_percent,
+        Some([50, 60])
+    );
+    assert_eq!(
+        (at.point(1000, 2000, 0.0), at.point(1000, 2000, 1.0)),
+        (1500, 1600)
+    );
+    for bad in ["[60, 50]", "[0, 50]", "[50, 100]", "[50]"] {
+        let text = format!("{join}agentCertificateRenewAtPercent: {bad}\n");
+        let e = Config::parse(&text, "h").expect_err(bad);
+        assert!(
+            e.setting.starts_with("agentCertificateRenewAtPercent") || e.setting == "config",
+            "{bad}: {e}"
+        );
+    }
+    let e = Config::parse("kubernetesVersion: v1.34.1\n", "h").expect_err("no credential");
+    assert_eq!(e.setting, "kubeconfig");
+    assert!(e.message.contains("apiServer"), "{e}");
 }

@@ -32,10 +32,13 @@ pub enum FaultKind {
     ConfigInvalid,
     /// `/etc` cannot be written: units, machine settings and runtime files live there.
     EtcReadOnly,
+    /// The agent's certificate expired (the node was off past its renewal) and the bootstrap
+    /// token could not replace it.
+    CertificateExpired,
 }
 
 impl FaultKind {
-    pub const ALL: [Self; 11] = [
+    pub const ALL: [Self; 12] = [
         Self::StoreMissing,
         Self::StoreCorrupt,
         Self::StoreSchemaTooNew,
@@ -47,6 +50,7 @@ impl FaultKind {
         Self::ConfigUnreadable,
         Self::ConfigInvalid,
         Self::EtcReadOnly,
+        Self::CertificateExpired,
     ];
 
     /// The reason of the Machine's condition and Event, the log's `reason=` and STATUS's
@@ -64,6 +68,7 @@ impl FaultKind {
             Self::ConfigUnreadable => "ConfigUnreadable",
             Self::ConfigInvalid => "ConfigInvalid",
             Self::EtcReadOnly => "EtcReadOnly",
+            Self::CertificateExpired => "CertificateExpired",
         }
     }
 
@@ -83,7 +88,8 @@ impl FaultKind {
             | Self::StoreDirectoryInsecure
             | Self::ConfigMissing
             | Self::ConfigUnreadable
-            | Self::ConfigInvalid => true,
+            | Self::ConfigInvalid
+            | Self::CertificateExpired => true,
             Self::DiskFull | Self::StoreReadOnly | Self::StoreIOError | Self::EtcReadOnly => false,
         }
     }
@@ -182,6 +188,10 @@ impl Fault {
                 "{p} is read-only: the agent cannot write its units, machine settings and \
                  runtime files, so it starts no new work"
             ),
+            FaultKind::CertificateExpired => with(format!(
+                "the agent's certificate in {p} expired and the bootstrap token did not replace \
+                 it"
+            )),
         }
     }
 
@@ -230,6 +240,12 @@ impl Fault {
             FaultKind::EtcReadOnly => {
                 format!("remount {p} read-write; operations wait as Pending and run once it is")
             }
+            FaultKind::CertificateExpired => format!(
+                "put a bootstrap token bound to this node (auth-extra-groups \
+                 system:bootstrappers:flexnode:<node>, docs/config.md) in \
+                 /etc/flexnode/bootstrap-token (0600), {restart}; or run `flexnode join \
+                 --config FILE` with a valid credential, which rewrites {p}"
+            ),
         }
     }
 

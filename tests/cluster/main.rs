@@ -9,6 +9,7 @@ mod apiserver_crds;
 mod apiserver_rbac;
 mod daemon;
 mod daemon_bad_env;
+mod identity;
 mod op_cli;
 mod publisher;
 mod rollout;

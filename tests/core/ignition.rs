@@ -311,3 +311,76 @@ fn only_a_container_install_with_a_digest_renders() {
         assert!(!out.exists(), "nothing is written on a refusal");
     }
 }
+
+/// A container install that joins with a bootstrap token: the first boot carries the API
+/// server's CA and the token, and a join config naming the API server — no kubeconfig (the
+/// node obtains its certificate: src/identity/) — all valid Ignition.
+#[test]
+fn a_bootstrap_token_join_renders_the_api_servers_ca_and_the_token() {
+    let validator = validator();
+    let dir = tempfile::tempdir().expect("tmp");
+    let ca = std::fs::read_to_string("/etc/ssl/certs/ca-certificates.crt").expect("a PEM bundle");
+    let ca_file = dir.path().join("cluster-ca.pem");
+    std::fs::write(&ca_file, &ca).expect("ca");
+    let token = private(&dir.path().join("token"), "abcdef.0123456789abcdef\n");
+    let config = private(
+        &dir.path().join("join.yaml"),
+        &format!(
+            "nodeName: edge-2\napiServer: https://10.0.2.100:6443\napiServerCAFile: {}\n\
+             bootstrapTokenFile: {}\nkubernetesVersion: v1.34.12\ninstallMode: container\n\
+             agentImage: oci://127.0.0.1:5000/flexnode:0.1.0\nagentImageDigest: sha256:{HEX}\n",
+            ca_file.display(),
+            token.display()
+        ),
+    );
+    let out = dir.path().join("out");
+    let r = flexnode(&[
+        "ignition",
+        "--config",
+        config.to_str().expect("path"),
+        "--out",
+        out.to_str().expect("path"),
+    ]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let ign_path = out.join("config.ign");
+    let (ok, findings) = validate(&validator, &ign_path);
+    assert!(
+        ok && findings.trim().is_empty(),
+        "ignition-validate: {findings}"
+    );
+    let ign: Value =
+        serde_json::from_str(&std::fs::read_to_string(&ign_path).expect("read")).expect("json");
+    let files = files_of(&ign, |c| decode(c["source"].as_str().expect("source")));
+    let file = |p: &str| {
+        files
+            .iter()
+            .find(|(path, _, _)| path == p)
+            .map(|f| f.2.clone())
+    };
+    assert_eq!(file("/etc/flexnode/bootstrap/api-server-ca.pem"), Some(ca));
+    assert_eq!(
+        file("/etc/flexnode/bootstrap/bootstrap-token").as_deref(),
+        Some("abcdef.0123456789abcdef\n")
+    );
+    assert_eq!(file("/etc/flexnode/bootstrap/kubeconfig"), None);
+    let join = file("/etc/flexnode/bootstrap/config.yaml").expect("the join config");
+    for line in [
+        "apiServer: https://10.0.2.100:6443",
+        "apiServerCAFile: /etc/flexnode/bootstrap/api-server-ca.pem",
+        "bootstrapTokenFile: /etc/flexnode/bootstrap/bootstrap-token",
+    ] {
+        assert!(join.lines().any(|l| l == line), "{line} in:\n{join}");
+    }
+    assert!(!join.contains("kubeconfig:"), "{join}");
+    // The rendered join config is one `join` accepts on the node.
+    let on_node = join
+        .replace(
+            "/etc/flexnode/bootstrap/api-server-ca.pem",
+            &ca_file.display().to_string(),
+        )
+        .replace(
+            "/etc/flexnode/bootstrap/bootstrap-token",
+            &token.display().to_string(),
+        );
+    flexnode::config::Config::parse(&on_node, "h").expect("the rendered join config");
+}

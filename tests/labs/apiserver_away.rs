@@ -308,16 +308,29 @@ pub async fn the_api_server_away_for_minutes_in_the_middle_of_three_operations()
     }
 
     // Each operation: one result, over its whole history, its status writes and its Events.
+    // Two writes each (InProgress, the result), and a third before them when the operation
+    // arrived while a step ran and was marked Pending (src/reconcile/owner.rs `feed`): always
+    // for reboot-after, which arrived during the first reboot's restart and was claimed once
+    // the API server was back, not failed by its absence; for the others only when their
+    // daemon's first steps after joining still ran.
     let want = [
-        ("upgrade-away", "AgentUpgrade completed", "away-upgrade", 2),
-        ("reboot-away", "NodeReboot completed", "away-reboot", 2),
-        ("reset-away", "AgentReset completed", "away-reset", 2),
-        // Marked Pending at once (it arrived while the first reboot's step ran, before the
-        // outage: src/reconcile/owner.rs `feed`), then claimed once the API server was back,
-        // not failed by its absence.
-        ("reboot-after", "NodeReboot completed", "away-reboot", 3),
+        (
+            "upgrade-away",
+            "AgentUpgrade completed",
+            "away-upgrade",
+            false,
+        ),
+        ("reboot-away", "NodeReboot completed", "away-reboot", false),
+        ("reset-away", "AgentReset completed", "away-reset", false),
+        ("reboot-after", "NodeReboot completed", "away-reboot", true),
     ];
-    for (name, message, node, writes) in want {
+    for (name, message, node, must_wait) in want {
+        let pending = history
+            .of(name)
+            .iter()
+            .any(|s| s.phase == Some(OperationPhase::Pending));
+        assert!(pending || !must_wait, "{name} was never marked Pending");
+        let writes = if pending { 3 } else { 2 };
         let result = history.one_result(name);
         assert_eq!(
             result.phase,
@@ -345,6 +358,11 @@ pub async fn the_api_server_away_for_minutes_in_the_middle_of_three_operations()
         let ev = events_of(&admin, &uids[name], "Succeeded").await;
         assert_eq!(ev.get("InProgress"), Some(&1), "{name}'s Events: {ev:?}");
         assert_eq!(ev.get("Succeeded"), Some(&1), "{name}'s Events: {ev:?}");
+        assert_eq!(
+            ev.get("Waiting").copied().unwrap_or(0),
+            i32::from(pending),
+            "{name}'s Events: {ev:?}"
+        );
         let others = ev
             .keys()
             .filter(|r| !["InProgress", "Succeeded", "Waiting"].contains(&r.as_str()))

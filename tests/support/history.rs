@@ -5,106 +5,34 @@
 //! them (`Lab::up_audited`), which no outage interrupts.
 
 use super::Lab;
+pub use super::recording::Seen;
+use super::recording::{Recording, State, operation, record};
 use flexnode::api::MachineOperation;
-use flexnode::api::machine_operation::OperationPhase;
-use futures::StreamExt;
 use k8s_openapi::api::events::v1::Event as K8sEvent;
 use kube::Client;
 use kube::api::Api;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
 
-/// One state of one operation, as the watch delivered it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Seen {
-    pub at: SystemTime,
-    pub uid: String,
-    pub resource_version: String,
-    pub phase: Option<OperationPhase>,
-    /// The `Completed` condition's `status/reason`.
-    pub reason: String,
-    pub message: String,
-    pub completed_at: Option<String>,
-}
-
-impl Seen {
-    pub fn terminal(&self) -> bool {
-        self.phase.is_some_and(OperationPhase::is_terminal)
-    }
-}
-
-#[derive(Default)]
-struct Recorded {
-    by_name: BTreeMap<String, Vec<Seen>>,
-    /// Lists after the first: each may have skipped states (a 410 after an outage).
-    relists: u32,
-    lists: u32,
-}
-
-/// The recording watch; it stops when dropped.
+/// The recording watch (tests/support/recording.rs); it stops when dropped.
 pub struct History {
-    recorded: Arc<Mutex<Recorded>>,
+    recorded: Arc<Mutex<Recording<Seen>>>,
     task: tokio::task::JoinHandle<()>,
-}
-
-fn seen(op: &MachineOperation) -> Seen {
-    let status = op.status.clone().unwrap_or_default();
-    let reason = status
-        .conditions
-        .as_ref()
-        .and_then(|c| c.iter().find(|c| c.type_ == "Completed"))
-        .map(|c| format!("{}/{}", c.status, c.reason))
-        .unwrap_or_default();
-    Seen {
-        at: SystemTime::now(),
-        uid: op.metadata.uid.clone().unwrap_or_default(),
-        resource_version: op.metadata.resource_version.clone().unwrap_or_default(),
-        phase: status.phase,
-        reason,
-        message: status.message.unwrap_or_default(),
-        completed_at: status.completed_at.map(|t| t.0.to_string()),
-    }
 }
 
 impl History {
     /// Starts recording every MachineOperation of the cluster.
     pub fn record(admin: Client) -> Self {
-        let recorded: Arc<Mutex<Recorded>> = Arc::default();
+        let recorded: Arc<Mutex<Recording<Seen>>> = Arc::default();
         let sink = recorded.clone();
         let api: Api<MachineOperation> = Api::all(admin);
-        let task = tokio::spawn(async move {
-            let mut stream = watcher::watcher(api, watcher::Config::default())
-                .default_backoff()
-                .boxed();
-            while let Some(event) = stream.next().await {
-                let mut r = sink.lock().unwrap_or_else(|p| p.into_inner());
-                match event {
-                    Ok(Event::Init) => {
-                        if r.lists > 0 {
-                            r.relists += 1;
-                        }
-                        r.lists += 1;
-                    }
-                    Ok(Event::InitApply(op) | Event::Apply(op) | Event::Delete(op)) => {
-                        let s = seen(&op);
-                        let name = op.metadata.name.clone().unwrap_or_default();
-                        let states = r.by_name.entry(name).or_default();
-                        // A re-list delivers what was already seen: kept once.
-                        if states.last().map(|l| &l.resource_version) != Some(&s.resource_version) {
-                            states.push(s);
-                        }
-                    }
-                    Ok(Event::InitDone) | Err(_) => {}
-                }
-            }
-        });
+        let task = tokio::spawn(record(api, operation, move |told| {
+            sink.lock().unwrap_or_else(|p| p.into_inner()).keep(told);
+        }));
         Self { recorded, task }
     }
 
-    fn recorded(&self) -> std::sync::MutexGuard<'_, Recorded> {
+    fn recorded(&self) -> std::sync::MutexGuard<'_, Recording<Seen>> {
         self.recorded.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -140,38 +68,19 @@ impl History {
     }
 
     /// The whole history of `name` is one operation (one UID) that went through pending
-    /// states, then `InProgress`, then exactly one terminal result that never changed again;
-    /// that result.
+    /// states, then `InProgress`, then exactly one terminal result that never changed again
+    /// (`Seen::violations`); that result.
     pub fn one_result(&self, name: &str) -> Seen {
         let states = self.of(name);
         let uids: std::collections::BTreeSet<&str> =
             states.iter().map(|s| s.uid.as_str()).collect();
         assert_eq!(uids.len(), 1, "{name}: more than one object: {states:#?}");
-        let first_terminal = states
-            .iter()
-            .position(Seen::terminal)
-            .unwrap_or_else(|| panic!("{name}: no terminal state: {states:#?}"));
-        let result = &states[first_terminal];
-        for later in &states[first_terminal..] {
-            assert!(
-                later.phase == result.phase
-                    && later.reason == result.reason
-                    && later.message == result.message
-                    && later.completed_at == result.completed_at,
-                "{name}: a second result after the first: {states:#?}"
-            );
-        }
-        let mut ran = false;
-        for s in &states[..first_terminal] {
-            match s.phase {
-                None | Some(OperationPhase::Pending) => {
-                    assert!(!ran, "{name}: pending again after InProgress: {states:#?}")
-                }
-                Some(OperationPhase::InProgress) => ran = true,
-                Some(p) => panic!("{name}: phase {p:?} before its result: {states:#?}"),
-            }
-        }
-        result.clone()
+        let bad = Seen::violations(&states);
+        assert!(bad.is_empty(), "{name}: {bad:?}: {states:#?}");
+        states
+            .into_iter()
+            .find(Seen::terminal)
+            .unwrap_or_else(|| panic!("{name}: no terminal state"))
     }
 }
 

@@ -13,6 +13,7 @@ pub mod logs;
 pub mod lossy;
 pub mod nspawn;
 pub mod proc;
+pub mod recording;
 pub mod sandbox;
 pub mod suite;
 pub mod tier;
@@ -87,6 +88,24 @@ impl Lab {
     /// only) to `dir/logs/audit.log`.
     pub fn up_audited() -> Self {
         Self::start(&["--no-kcm", "--audit-agents"])
+    }
+
+    /// With kube-controller-manager (signing) and the agents' requests audited.
+    pub fn up_audited_with_controllers() -> Self {
+        Self::start(&["--audit-agents"])
+    }
+
+    /// The response codes of `user`'s completed requests after byte `from` of the audit log:
+    /// code → count.
+    pub fn audited_codes(&self, user: &str, from: u64) -> std::collections::BTreeMap<i64, u64> {
+        let mut by = std::collections::BTreeMap::new();
+        for event in self.audit_events(from) {
+            if event["user"]["username"] == user && event["stage"] == "ResponseComplete" {
+                let code = event["responseStatus"]["code"].as_i64().unwrap_or(0);
+                *by.entry(code).or_insert(0) += 1;
+            }
+        }
+        by
     }
 
     fn start(flags: &[&str]) -> Self {
@@ -190,6 +209,15 @@ impl Lab {
         self.dir.join("logs/audit.log")
     }
 
+    /// The audit log's events after byte `from`.
+    fn audit_events(&self, from: u64) -> Vec<serde_json::Value> {
+        let text = std::fs::read(self.audit_log()).expect("the audit log (Lab::up_audited)");
+        String::from_utf8_lossy(&text[from as usize..])
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect()
+    }
+
     /// The audit log's length (`up_audited`): where a window of [`Lab::audited`] starts.
     pub fn audit_len(&self) -> u64 {
         std::fs::metadata(self.audit_log()).map_or(0, |m| m.len())
@@ -198,12 +226,8 @@ impl Lab {
     /// Requests of `user` logged after byte `from` of the audit log, by `verb resource`: a
     /// watch counts when it starts, anything else when it completes.
     pub fn audited(&self, user: &str, from: u64) -> std::collections::BTreeMap<String, u64> {
-        let text = std::fs::read(self.audit_log()).expect("the audit log (Lab::up_audited)");
         let mut by = std::collections::BTreeMap::new();
-        for line in String::from_utf8_lossy(&text[from as usize..]).lines() {
-            let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
-                continue;
-            };
+        for event in self.audit_events(from) {
             let verb = event["verb"].as_str().unwrap_or_default();
             let counted = if verb == "watch" {
                 "ResponseStarted"

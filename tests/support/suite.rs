@@ -47,6 +47,13 @@ fn defined_checks(repo: &Path, suite: &str, tier: &str, at_least: usize) -> Vec<
     names
 }
 
+/// The watch recorder the Python suites read (examples/watch-recorder.rs), which a whole
+/// `cargo test` builds beside the binaries; e2e/lib.sh `recorder_bin` builds it otherwise.
+fn recorder() -> Option<std::path::PathBuf> {
+    let dir = Path::new(env!("CARGO_BIN_EXE_flexnode")).parent()?;
+    Some(dir.join("examples/watch-recorder")).filter(|p| p.is_file())
+}
+
 /// The name of a `PASS name (12.3 s)` / `FAIL name (…): why` line.
 fn check_name<'a>(line: &'a str, prefix: &str) -> Option<&'a str> {
     line.strip_prefix(prefix)?.split(" (").next()
@@ -68,8 +75,9 @@ pub fn passes(
     let mut child = Command::new(repo.join(script))
         .args(args)
         .current_dir(repo)
-        // The binary cargo built for this test run: no nested cargo build.
+        // The binaries cargo built for this test run: no nested cargo build.
         .env("FLEXNODE_BIN", env!("CARGO_BIN_EXE_flexnode"))
+        .envs(recorder().map(|r| ("RECORDER_BIN", r)))
         .env_remove("SUITE_ARGS")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
