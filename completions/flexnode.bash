@@ -43,6 +43,9 @@ _flexnode() {
             flexnode,op)
                 cmd="flexnode__subcmd__op"
                 ;;
+            flexnode,preflight)
+                cmd="flexnode__subcmd__preflight"
+                ;;
             flexnode,recover-agent-upgrade)
                 cmd="flexnode__subcmd__recover__subcmd__agent__subcmd__upgrade"
                 ;;
@@ -84,6 +87,9 @@ _flexnode() {
                 ;;
             flexnode__subcmd__help,op)
                 cmd="flexnode__subcmd__help__subcmd__op"
+                ;;
+            flexnode__subcmd__help,preflight)
+                cmd="flexnode__subcmd__help__subcmd__preflight"
                 ;;
             flexnode__subcmd__help,recover-agent-upgrade)
                 cmd="flexnode__subcmd__help__subcmd__recover__subcmd__agent__subcmd__upgrade"
@@ -140,7 +146,7 @@ _flexnode() {
 
     case "${cmd}" in
         flexnode)
-            opts="-h -V --state --help --version daemon join ignition reset recover-agent-upgrade host-exec status history op rollout approver completions version help"
+            opts="-h -V --state --help --version daemon join preflight ignition reset recover-agent-upgrade host-exec status history op rollout approver completions version help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -240,7 +246,7 @@ _flexnode() {
             return 0
             ;;
         flexnode__subcmd__help)
-            opts="daemon join ignition reset recover-agent-upgrade host-exec status history op rollout approver completions version help"
+            opts="daemon join preflight ignition reset recover-agent-upgrade host-exec status history op rollout approver completions version help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -421,6 +427,20 @@ _flexnode() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        flexnode__subcmd__help__subcmd__preflight)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         flexnode__subcmd__help__subcmd__recover__subcmd__agent__subcmd__upgrade)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
@@ -570,13 +590,17 @@ _flexnode() {
             return 0
             ;;
         flexnode__subcmd__join)
-            opts="-h --config --backoff --state --help"
+            opts="-h --config --backoff --ignore-preflight-errors --state --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
                 --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --ignore-preflight-errors)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -791,6 +815,40 @@ _flexnode() {
                     return 0
                     ;;
                 --kubeconfig)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --state)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        flexnode__subcmd__preflight)
+            opts="-o -h --config --output --ignore-preflight-errors --state --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --output)
+                    COMPREPLY=($(compgen -W "human json yaml" -- "${cur}"))
+                    return 0
+                    ;;
+                -o)
+                    COMPREPLY=($(compgen -W "human json yaml" -- "${cur}"))
+                    return 0
+                    ;;
+                --ignore-preflight-errors)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -1,8 +1,8 @@
 //! The command line: each command, and the module that runs it (`cli/<command>.rs`).
 
 use super::{
-    Output, approver, daemon, generated, host_exec, ignition, join, op, recover, reset, rollout,
-    status,
+    Output, approver, daemon, generated, host_exec, ignition, join, op, preflight, recover, reset,
+    rollout, status,
 };
 use crate::store;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -37,6 +37,20 @@ pub enum Command {
         /// 78 and success start over): the bootstrap units' retries.
         #[arg(long)]
         backoff: bool,
+        /// Preflight checks whose failure does not stop the join (NAME,…; `all`).
+        #[arg(long, value_name = "NAME,...")]
+        ignore_preflight_errors: Vec<String>,
+    },
+    /// Run every check `join` makes before it changes anything, each with its fix.
+    Preflight {
+        /// The join configuration; see docs/config.md.
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+        #[arg(long, short, value_enum, default_value_t = Output::Human)]
+        output: Output,
+        /// Checks whose failure is reported as ignored (NAME,…; `all`).
+        #[arg(long, value_name = "NAME,...")]
+        ignore_preflight_errors: Vec<String>,
     },
     /// Render a container install's first boot (Butane and Ignition, 0600) from a join config.
     Ignition {
@@ -111,6 +125,7 @@ impl Command {
             | Self::Op(_)
             | Self::Rollout(_)
             | Self::Ignition { .. }
+            | Self::Preflight { .. }
             | Self::HostExec { .. }
             | Self::Completions { .. }
             | Self::Version => false,
@@ -156,7 +171,16 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Status { output } => status::status(&cli.state, output),
         Command::History { limit, output } => status::history(&cli.state, limit, output),
         Command::Daemon(args) => daemon::run(&cli.state, args),
-        Command::Join { config, backoff } => join::run(&cli.state, &config, backoff),
+        Command::Join {
+            config,
+            backoff,
+            ignore_preflight_errors,
+        } => join::run(&cli.state, &config, backoff, &ignore_preflight_errors),
+        Command::Preflight {
+            config,
+            output,
+            ignore_preflight_errors,
+        } => preflight::run(&cli.state, &config, output, &ignore_preflight_errors),
         Command::Ignition { config, out } => ignition::run(&config, &out),
         Command::Reset { yes } => reset::run(&cli.state, yes),
         Command::RecoverAgentUpgrade { message } => recover::run(&cli.state, &message),

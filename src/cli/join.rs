@@ -3,6 +3,7 @@
 //! join (agent install, units, first machine) and start the agent. Running it again on a
 //! joined host converges (configuration, units, a running agent) instead of joining twice.
 
+use super::preflight;
 use super::wiring::{self, HostEffects};
 use super::{Failure, impossible};
 use crate::api::Machine;
@@ -43,13 +44,13 @@ const AGENT_READY: Duration = Duration::from_secs(180);
 const BACKOFF_FIRST: Duration = Duration::from_secs(10);
 const BACKOFF_MAX: Duration = Duration::from_secs(300);
 
-pub fn run(state: &Path, config: &Path, backoff: bool) -> ExitCode {
+pub fn run(state: &Path, config: &Path, backoff: bool, ignore: &[String]) -> ExitCode {
     super::block_on("join", async move {
         let failures = state.with_file_name("bootstrap-failures");
         if backoff {
             wait_out_failures(&failures).await;
         }
-        let result = join(state, config).await;
+        let result = join(state, config, ignore).await;
         if backoff {
             record_attempt(&failures, &result);
         }
@@ -96,11 +97,21 @@ fn record_attempt(failures: &Path, result: &Result<(), Failure>) {
     }
 }
 
-async fn join(state: &Path, path: &Path) -> Result<(), Failure> {
+async fn join(state: &Path, path: &Path, ignore: &[String]) -> Result<(), Failure> {
     let config = Config::load(path, &wiring::hostname()).map_err(impossible)?;
+    let ignore = preflight::ignored(ignore)?;
     let agent = agent_to_install(config.install_mode)?;
     wiring::require_root("join")?;
-    preflight(&config)?;
+    let joined = joined_as(state)?.is_some();
+    let checks = preflight::run_checks(&config, joined, &ignore).await;
+    if let Some(failed) = preflight::failures(&checks) {
+        // A refused credential does not start working by retrying: an impossible setting.
+        return Err(if preflight::credential_refused(&checks) {
+            Failure::config(failed)
+        } else {
+            Failure::failed(failed)
+        });
+    }
     writable(state)?;
     after_any_reset(state).await?;
     if let Some(token_join) = &config.token_join {
@@ -289,36 +300,6 @@ fn agent_to_install(mode: InstallMode) -> Result<AgentBuild, Failure> {
             "\"host\" installs the agent on the host; from a container, use \"container\"",
         ))),
     }
-}
-
-/// Host prerequisites a join cannot do without (before anything is changed).
-fn preflight(config: &Config) -> anyhow::Result<()> {
-    let mode = config.install_mode;
-    let mut needs = vec![
-        (
-            "/usr/bin/systemd-nspawn",
-            "systemd-nspawn (package systemd-container) runs the node's machines",
-        ),
-        ("/run/systemd/system", "systemd must be the init system"),
-    ];
-    if mode == InstallMode::Container {
-        needs.push((
-            wiring::CONTAINERD_SOCKET,
-            "containerd runs the agent's containers",
-        ));
-    } else if config.node.is_some() {
-        needs.push((
-            wiring::CONTAINERD_SOCKET,
-            "containerd pulls the node images (nodeImages)",
-        ));
-    }
-    for (path, why) in needs {
-        anyhow::ensure!(
-            wiring::on_host(path).exists(),
-            "preflight: {path} is missing: {why}"
-        );
-    }
-    Ok(())
 }
 
 /// Where join writes must take writes: `/etc` (configuration, units, machine settings) and

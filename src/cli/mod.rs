@@ -11,6 +11,7 @@ pub mod host_exec;
 pub mod ignition;
 pub mod join;
 pub mod op;
+pub mod preflight;
 pub mod recover;
 pub mod reset;
 pub mod rollout;

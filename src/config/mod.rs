@@ -387,32 +387,16 @@ impl ConfigFile {
             self.api_server_ca_file,
             token_file.is_some(),
         )?;
-        let expiration = self.agent_certificate_expiration_seconds;
-        if expiration.is_some_and(|s| s < MIN_CERTIFICATE_SECONDS) {
-            return Err(bad(
-                "agentCertificateExpirationSeconds",
-                format!("must be at least {MIN_CERTIFICATE_SECONDS} (the API server's minimum)"),
-            ));
-        }
+        let (expiration, renew_at) = certificate_life(
+            self.agent_certificate_expiration_seconds,
+            self.agent_certificate_renew_at_percent,
+        )?;
         if let Some(path) = &self.trusted_ca_file {
             check_ca("trustedCAFile", path)?;
         }
         if let Some(path) = &self.registry_credentials_file {
             check_registry_credentials(path)?;
         }
-        let renew_at = match self.agent_certificate_renew_at_percent {
-            None => RenewAt::default(),
-            Some([from, to]) if 1 <= from && from <= to && to <= 99 => RenewAt {
-                from_percent: from,
-                to_percent: to,
-            },
-            Some(_) => {
-                return Err(bad(
-                    "agentCertificateRenewAtPercent",
-                    "must be [FROM, TO] with 1 <= FROM <= TO <= 99 (percent of the certificate's life)",
-                ));
-            }
-        };
         let node = node_config(
             &kubernetes_version,
             self.node_images,
@@ -473,6 +457,33 @@ pub fn metrics_address(text: &str) -> Result<std::net::SocketAddr, ConfigError> 
         ));
     }
     Ok(addr)
+}
+
+/// The agent's certificate's life: the lifetime it asks for, and where in it it is renewed.
+fn certificate_life(
+    expiration: Option<i32>,
+    renew_at_percent: Option<[u8; 2]>,
+) -> Result<(Option<i32>, RenewAt), ConfigError> {
+    if expiration.is_some_and(|s| s < MIN_CERTIFICATE_SECONDS) {
+        return Err(bad(
+            "agentCertificateExpirationSeconds",
+            format!("must be at least {MIN_CERTIFICATE_SECONDS} (the API server's minimum)"),
+        ));
+    }
+    let renew_at = match renew_at_percent {
+        None => RenewAt::default(),
+        Some([from, to]) if 1 <= from && from <= to && to <= 99 => RenewAt {
+            from_percent: from,
+            to_percent: to,
+        },
+        Some(_) => {
+            return Err(bad(
+                "agentCertificateRenewAtPercent",
+                "must be [FROM, TO] with 1 <= FROM <= TO <= 99 (percent of the certificate's life)",
+            ));
+        }
+    };
+    Ok((expiration, renew_at))
 }
 
 /// The agent's credential: a kubeconfig, or what a bootstrap token join asks with (the API

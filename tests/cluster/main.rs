@@ -11,6 +11,7 @@ mod daemon;
 mod daemon_bad_env;
 mod identity;
 mod op_cli;
+mod preflight;
 mod publisher;
 mod rollout;
 mod status_model;

@@ -22,7 +22,7 @@
 
 mod candidate;
 mod exec;
-mod kernel;
+pub mod kernel;
 pub mod kubelet;
 mod layout;
 mod machines;
