@@ -81,10 +81,20 @@ fn pass_or(ok: bool, fail: Status) -> Status {
     if ok { Status::Pass } else { fail }
 }
 
+/// A check of one condition: `ok` passes with `yes`, otherwise `fail` with `no`.
+fn either(name: &'static str, ok: bool, fail: Status, (yes, no): (&str, &str), fix: &str) -> Check {
+    check(name, pass_or(ok, fail), if ok { yes } else { no }, fix)
+}
+
 /// The names `--ignore-preflight-errors` takes: known check names, or `all`.
 pub fn ignored(list: &[String]) -> Result<Vec<&'static str>, Failure> {
     let mut out = Vec::new();
-    for name in list.iter().flat_map(|s| s.split(',')).map(str::trim) {
+    for name in list
+        .iter()
+        .flat_map(|s| s.split(','))
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+    {
         if name.eq_ignore_ascii_case("all") {
             return Ok(CHECKS.to_vec());
         }
@@ -104,37 +114,31 @@ pub fn ignored(list: &[String]) -> Result<Vec<&'static str>, Failure> {
 /// The host's side: what a join needs of this machine.
 fn host_checks(config: &Config, joined: bool) -> Vec<Check> {
     let mut out = Vec::new();
-    let root = crate::config::process_uid() == Some(0);
-    out.push(check(
+    out.push(either(
         "Root",
-        pass_or(root, Status::Fail),
-        if root {
-            "running as root"
-        } else {
-            "not running as root"
-        },
+        crate::config::process_uid() == Some(0),
+        Status::Fail,
+        ("running as root", "not running as root"),
         "run it as root",
     ));
-    let systemd = wiring::on_host("/run/systemd/system").exists();
-    out.push(check(
+    out.push(either(
         "Systemd",
-        pass_or(systemd, Status::Fail),
-        if systemd {
-            "systemd is the init system"
-        } else {
-            "systemd is not the init system (/run/systemd/system is missing)"
-        },
+        wiring::on_host("/run/systemd/system").exists(),
+        Status::Fail,
+        (
+            "systemd is the init system",
+            "systemd is not the init system (/run/systemd/system is missing)",
+        ),
         "boot the host with systemd: it runs the agent and the machines",
     ));
-    let nspawn = wiring::on_host("/usr/bin/systemd-nspawn").exists();
-    out.push(check(
+    out.push(either(
         "SystemdNspawn",
-        pass_or(nspawn, Status::Fail),
-        if nspawn {
-            "systemd-nspawn is installed"
-        } else {
-            "/usr/bin/systemd-nspawn is missing: it runs the node's machines"
-        },
+        wiring::on_host("/usr/bin/systemd-nspawn").exists(),
+        Status::Fail,
+        (
+            "systemd-nspawn is installed",
+            "/usr/bin/systemd-nspawn is missing: it runs the node's machines",
+        ),
         "install systemd-container (Debian, Ubuntu) or systemd-container (Fedora)",
     ));
     let needs_containerd = config.install_mode == InstallMode::Container || config.node.is_some();
@@ -156,15 +160,14 @@ fn host_checks(config: &Config, joined: bool) -> Vec<Check> {
         },
         "install and start containerd 1.7 or later",
     ));
-    let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
-    out.push(check(
+    out.push(either(
         "CgroupV2",
-        pass_or(v2, Status::Warn),
-        if v2 {
-            "cgroup v2 (unified)"
-        } else {
-            "cgroup v1: the kubelet runs, but Kubernetes keeps v1 in maintenance only"
-        },
+        Path::new("/sys/fs/cgroup/cgroup.controllers").exists(),
+        Status::Warn,
+        (
+            "cgroup v2 (unified)",
+            "cgroup v1: the kubelet runs, but Kubernetes keeps v1 in maintenance only",
+        ),
         "boot with systemd.unified_cgroup_hierarchy=1 (the default of current distributions)",
     ));
     let missing: Vec<&str> = KERNEL_MODULES
@@ -272,126 +275,134 @@ fn kubelet_port(config: &Config, joined: bool) -> Check {
 /// The cluster's side: the API server reached and verified, the credential accepted, the
 /// clocks agreeing.
 async fn api_checks(config: &Config) -> Vec<Check> {
-    let client = match &config.token_join {
-        None => client_from_kubeconfig(&config.kubeconfig)
+    let reached = match api_client(config).await {
+        Ok(client) => version_and_date(&client)
             .await
-            .map_err(|e| e.to_string()),
-        Some(TokenJoin { server, ca_file }) => {
-            match (
-                std::fs::read(ca_file),
-                config.bootstrap_token_file.as_deref(),
-            ) {
-                (Ok(ca), Some(token_file)) => match read_token(token_file) {
-                    Ok(token) => token_client(server, &ca, token)
-                        .await
-                        .map_err(|e| e.to_string()),
-                    Err(e) => Err(format!("{}: {e}", token_file.display())),
-                },
-                (Err(e), _) => Err(format!("{}: {e}", ca_file.display())),
-                (_, None) => Err("no bootstrapTokenFile".into()),
-            }
-        }
+            .map(|answer| (client, answer)),
+        Err(e) => Err(e),
     };
-    let unreached = |why: String| {
-        let skipped = |name| check(name, Status::Skipped, "the API server was not reached", "");
-        vec![
-            check(
-                "ApiServer",
-                Status::Fail,
-                format!("the API server was not reached: {why}"),
-                "check the server's URL, the network to it, and that the CA named is the \
-                 cluster's",
-            ),
-            skipped("Credential"),
-            skipped("ClockSkew"),
-        ]
-    };
-    let client = match client {
-        Ok(c) => c,
-        Err(e) => return unreached(e),
-    };
-    let request = match hyper::Request::get("/version").body(Vec::new()) {
-        Ok(r) => r,
-        Err(e) => return unreached(e.to_string()),
-    };
-    let asked = std::time::SystemTime::now();
-    let (version, date) = match client.send(request.map(Into::into)).await {
-        Ok(response) => {
-            let date = response
-                .headers()
-                .get(hyper::header::DATE)
-                .and_then(|d| d.to_str().ok())
-                .and_then(httpdate);
-            (response.status(), date)
-        }
-        Err(e) => return unreached(crate::text::one_line(&e.to_string())),
-    };
-    let mut out = vec![check(
-        "ApiServer",
-        pass_or(
-            version.is_success() || version.as_u16() == 401,
-            Status::Fail,
-        ),
-        format!("the API server answered /version ({version}), its certificate verified"),
-        "check the server's URL and CA",
-    )];
-    let review: Api<SelfSubjectReview> = Api::all(client);
-    out.push(
-        match review
-            .create(&PostParams::default(), &SelfSubjectReview::default())
-            .await
-        {
-            Ok(r) => {
-                let user = r
-                    .status
-                    .and_then(|s| s.user_info)
-                    .and_then(|u| u.username)
-                    .unwrap_or_default();
+    let (client, (version, skew)) = match reached {
+        Ok(reached) => reached,
+        Err(why) => {
+            let skipped = |name| check(name, Status::Skipped, "the API server was not reached", "");
+            return vec![
                 check(
-                    "Credential",
-                    Status::Pass,
-                    format!("the API server knows the credential as {user}"),
-                    "",
-                )
-            }
-            Err(e) => check(
-                "Credential",
-                Status::Fail,
-                format!(
-                    "the credential was refused: {}",
-                    crate::text::one_line(&e.to_string())
+                    "ApiServer",
+                    Status::Fail,
+                    format!("the API server was not reached: {why}"),
+                    "check the server's URL, the network to it, and that the CA named is the \
+                     cluster's",
                 ),
-                "a kubeconfig for system:flexnode:<nodeName> in flexnode:agents, or a bootstrap \
-                 token that is valid and bound to this node (docs/config.md)",
+                skipped("Credential"),
+                skipped("ClockSkew"),
+            ];
+        }
+    };
+    vec![
+        check(
+            "ApiServer",
+            pass_or(
+                version.is_success() || version.as_u16() == 401,
+                Status::Fail,
             ),
-        },
-    );
-    let skew = date.map(|d| {
-        let here = asked
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |t| t.as_secs() as i64);
-        here - d
-    });
-    out.push(match skew {
-        Some(s) => check(
-            "ClockSkew",
-            match s.abs() {
-                a if a <= WARN_SKEW_SECS => Status::Pass,
-                a if a <= MAX_SKEW_SECS => Status::Warn,
-                _ => Status::Fail,
-            },
-            format!("this clock is {s:+} s from the API server's"),
-            "synchronize the clock (chrony, systemd-timesyncd): certificates are refused as \
-             not yet or no longer valid",
+            format!("the API server answered /version ({version}), its certificate verified"),
+            "check the server's URL and CA",
         ),
-        None => check(
+        credential_check(client).await,
+        skew_check(skew),
+    ]
+}
+
+/// A client with the credential `join` would use: the kubeconfig's, or the bootstrap token's.
+async fn api_client(config: &Config) -> Result<kube::Client, String> {
+    let Some(TokenJoin { server, ca_file }) = &config.token_join else {
+        return client_from_kubeconfig(&config.kubeconfig)
+            .await
+            .map_err(|e| e.to_string());
+    };
+    let ca = std::fs::read(ca_file).map_err(|e| format!("{}: {e}", ca_file.display()))?;
+    let token_file = config
+        .bootstrap_token_file
+        .as_deref()
+        .ok_or("no bootstrapTokenFile")?;
+    let token = read_token(token_file).map_err(|e| format!("{}: {e}", token_file.display()))?;
+    token_client(server, &ca, token)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// `GET /version`: its status, and how far this clock is from the API server's `Date`.
+async fn version_and_date(
+    client: &kube::Client,
+) -> Result<(hyper::StatusCode, Option<i64>), String> {
+    let request = hyper::Request::get("/version")
+        .body(Vec::new())
+        .map_err(|e| e.to_string())?;
+    let asked = crate::identity::unix_now();
+    let response = client
+        .send(request.map(Into::into))
+        .await
+        .map_err(|e| crate::text::one_line(&e.to_string()))?;
+    let date = response
+        .headers()
+        .get(hyper::header::DATE)
+        .and_then(|d| d.to_str().ok())
+        .and_then(httpdate);
+    Ok((response.status(), date.map(|d| asked - d)))
+}
+
+async fn credential_check(client: kube::Client) -> Check {
+    let review: Api<SelfSubjectReview> = Api::all(client);
+    match review
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await
+    {
+        Ok(r) => {
+            let user = r
+                .status
+                .and_then(|s| s.user_info)
+                .and_then(|u| u.username)
+                .unwrap_or_default();
+            check(
+                "Credential",
+                Status::Pass,
+                format!("the API server knows the credential as {user}"),
+                "",
+            )
+        }
+        Err(e) => check(
+            "Credential",
+            Status::Fail,
+            format!(
+                "the credential was refused: {}",
+                crate::text::one_line(&e.to_string())
+            ),
+            "a kubeconfig for system:flexnode:<nodeName> in flexnode:agents, or a bootstrap \
+             token that is valid and bound to this node (docs/config.md)",
+        ),
+    }
+}
+
+fn skew_check(skew: Option<i64>) -> Check {
+    let Some(s) = skew else {
+        return check(
             "ClockSkew",
             Status::Warn,
             "the API server sent no Date to compare with",
             "",
-        ),
-    });
-    out
+        );
+    };
+    check(
+        "ClockSkew",
+        match s.abs() {
+            a if a <= WARN_SKEW_SECS => Status::Pass,
+            a if a <= MAX_SKEW_SECS => Status::Warn,
+            _ => Status::Fail,
+        },
+        format!("this clock is {s:+} s from the API server's"),
+        "synchronize the clock (chrony, systemd-timesyncd): certificates are refused as not yet \
+         or no longer valid",
+    )
 }
 
 /// An HTTP date (`Sun, 06 Nov 1994 08:49:37 GMT`) as Unix seconds.

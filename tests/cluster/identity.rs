@@ -112,6 +112,23 @@ fn request<'a>(
     }
 }
 
+/// A join's certificate for `node` with `token`, waiting at most [`WAIT`].
+async fn join(
+    server: &str,
+    ca: &[u8],
+    node: &str,
+    token: &str,
+    kubeconfig: &Path,
+) -> Result<Obtained, BootstrapError> {
+    by_token(
+        request(server, ca, node, token, kubeconfig),
+        now(),
+        WAIT,
+        |_| {},
+    )
+    .await
+}
+
 async fn who(client: &Client) -> (String, Vec<String>) {
     let api: Api<SelfSubjectReview> = Api::all(client.clone());
     let review = api
@@ -207,14 +224,9 @@ async fn a_node_bound_token_gets_its_nodes_identity_and_no_other() {
     let token_a = token(&lab, "3600", &bound_to("node-a"));
     let dir = tempfile::tempdir().expect("tmp");
     let kubeconfig_a = dir.path().join("kubeconfig");
-    let got = by_token(
-        request(&server, &ca, "node-a", &token_a, &kubeconfig_a),
-        now(),
-        WAIT,
-        |_| {},
-    )
-    .await
-    .expect("node-a's certificate");
+    let got = join(&server, &ca, "node-a", &token_a, &kubeconfig_a)
+        .await
+        .expect("node-a's certificate");
     let Obtained::New(cert) = got else {
         panic!("a first join keeps no certificate")
     };
@@ -244,14 +256,9 @@ async fn a_node_bound_token_gets_its_nodes_identity_and_no_other() {
     assert!(!text.contains(&token_a), "the token is in the kubeconfig");
 
     // Run again (a converging join): the certificate is kept, no second request.
-    let again = by_token(
-        request(&server, &ca, "node-a", &token_a, &kubeconfig_a),
-        now(),
-        WAIT,
-        |_| {},
-    )
-    .await
-    .expect("kept");
+    let again = join(&server, &ca, "node-a", &token_a, &kubeconfig_a)
+        .await
+        .expect("kept");
     assert!(matches!(again, Obtained::Kept(_)));
     let of_a = |list: &[CertificateSigningRequest]| {
         list.iter()
@@ -270,15 +277,10 @@ async fn a_node_bound_token_gets_its_nodes_identity_and_no_other() {
     // Event, nothing written.
     let dir_b = tempfile::tempdir().expect("tmp");
     let kubeconfig_b = dir_b.path().join("kubeconfig");
-    let e = by_token(
-        request(&server, &ca, "node-b", &token_a, &kubeconfig_b),
-        now(),
-        WAIT,
-        |_| {},
-    )
-    .await
-    .err()
-    .expect("node-b's identity with node-a's token");
+    let e = join(&server, &ca, "node-b", &token_a, &kubeconfig_b)
+        .await
+        .err()
+        .expect("node-b's identity with node-a's token");
     let (reason, message) = denied(&e);
     assert_eq!(reason, "RequesterNotBound", "{message}");
     assert!(message.contains("node node-b"), "{message}");
@@ -295,15 +297,10 @@ async fn a_node_bound_token_gets_its_nodes_identity_and_no_other() {
     );
     // A token in no node's group (the kubelet's kind): denied too.
     let unbound = token(&lab, "3600", "");
-    let e = by_token(
-        request(&server, &ca, "node-b", &unbound, &kubeconfig_b),
-        now(),
-        WAIT,
-        |_| {},
-    )
-    .await
-    .err()
-    .expect("an unbound token");
+    let e = join(&server, &ca, "node-b", &unbound, &kubeconfig_b)
+        .await
+        .err()
+        .expect("an unbound token");
     assert_eq!(denied(&e).0, "RequesterNotBound");
     for e in [format!("{e}"), format!("{e:?}")] {
         assert!(
@@ -415,14 +412,9 @@ async fn a_join_that_gave_up_waiting_finds_its_request_again() {
 
     // The approver comes; the same request is found and its certificate taken.
     let approver = tokio::spawn(flexnode::approver::run(approver_client(&lab).await));
-    let got = by_token(
-        request(&server, &ca, "node-c", &token_c, &kubeconfig),
-        now(),
-        WAIT,
-        |_| {},
-    )
-    .await
-    .expect("the certificate");
+    let got = join(&server, &ca, "node-c", &token_c, &kubeconfig)
+        .await
+        .expect("the certificate");
     assert!(matches!(got, Obtained::New(_)));
     let list = csrs.list(&Default::default()).await.expect("list").items;
     let of_c: Vec<_> = list
@@ -439,17 +431,12 @@ async fn a_join_that_gave_up_waiting_finds_its_request_again() {
     let expired = token(&lab, "1", &bound_to("node-d"));
     tokio::time::sleep(Duration::from_secs(2)).await;
     let dir_d = tempfile::tempdir().expect("tmp");
-    let e = by_token(
-        request(
-            &server,
-            &ca,
-            "node-d",
-            &expired,
-            &dir_d.path().join("kubeconfig"),
-        ),
-        now(),
-        WAIT,
-        |_| {},
+    let e = join(
+        &server,
+        &ca,
+        "node-d",
+        &expired,
+        &dir_d.path().join("kubeconfig"),
     )
     .await
     .err()
