@@ -58,6 +58,9 @@ _flexnode() {
             flexnode,status)
                 cmd="flexnode__subcmd__status"
                 ;;
+            flexnode,token)
+                cmd="flexnode__subcmd__token"
+                ;;
             flexnode,version)
                 cmd="flexnode__subcmd__version"
                 ;;
@@ -103,6 +106,9 @@ _flexnode() {
             flexnode__subcmd__help,status)
                 cmd="flexnode__subcmd__help__subcmd__status"
                 ;;
+            flexnode__subcmd__help,token)
+                cmd="flexnode__subcmd__help__subcmd__token"
+                ;;
             flexnode__subcmd__help,version)
                 cmd="flexnode__subcmd__help__subcmd__version"
                 ;;
@@ -146,7 +152,7 @@ _flexnode() {
 
     case "${cmd}" in
         flexnode)
-            opts="-h -V --state --help --version daemon join preflight ignition reset recover-agent-upgrade host-exec status history op rollout approver completions version help"
+            opts="-h -V --state --help --version daemon join preflight ignition reset recover-agent-upgrade host-exec status history op rollout approver token completions version help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -246,7 +252,7 @@ _flexnode() {
             return 0
             ;;
         flexnode__subcmd__help)
-            opts="daemon join preflight ignition reset recover-agent-upgrade host-exec status history op rollout approver completions version help"
+            opts="daemon join preflight ignition reset recover-agent-upgrade host-exec status history op rollout approver token completions version help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -484,6 +490,20 @@ _flexnode() {
             return 0
             ;;
         flexnode__subcmd__help__subcmd__status)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        flexnode__subcmd__help__subcmd__token)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -978,6 +998,48 @@ _flexnode() {
                     ;;
                 -o)
                     COMPREPLY=($(compgen -W "human json yaml" -- "${cur}"))
+                    return 0
+                    ;;
+                --state)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        flexnode__subcmd__token)
+            opts="-h --token-url --client-id --client-secret-file --metadata-url --audience --ca-file --state --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --token-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --client-id)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --client-secret-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --metadata-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --audience)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --ca-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
                 --state)

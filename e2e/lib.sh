@@ -219,6 +219,39 @@ node_images() {
   done
 }
 
+# approver_up: `flexnode approver` (the lab's FLEXNODE_BIN) beside the control plane, with its
+# service account's token (manifests/approver/rbac.yaml): nodes join with bootstrap tokens
+# alone. Stopped by `stop_pidfile "$DIR/pids/approver.pid" "$DIR/approver.kubeconfig"`.
+approver_up() {
+  local kc=("$(state_get KUBECTL)" --kubeconfig "$(state_get KUBECONFIG)") token
+  "${kc[@]}" apply -f "$REPO/manifests/approver/rbac.yaml" >&2
+  token=$("${kc[@]}" create token flexnode-approver -n flexnode-system --duration 24h) \
+    || die "no token for the approver's service account"
+  # Written from a variable, never on a command line.
+  (umask 077; cat > "$DIR/approver.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: lab
+  cluster:
+    server: https://127.0.0.1:$(state_get API_PORT)
+    certificate-authority: $DIR/cp/pki/ca.crt
+users:
+- name: approver
+  user:
+    token: $token
+contexts:
+- name: lab
+  context: {cluster: lab, user: approver}
+current-context: lab
+EOF
+)
+  setsid "$(state_get FLEXNODE_BIN)" approver --kubeconfig "$DIR/approver.kubeconfig" \
+    > "$DIR/logs/approver.log" 2>&1 < /dev/null &
+  echo $! > "$DIR/pids/approver.pid"
+  log "flexnode approver running (pid $!, log $DIR/logs/approver.log)"
+}
+
 # bootstrap_token CP_DIR FILE [GROUPS]: a bootstrap token (a day) from the control plane, in
 # FILE (0600) as the join config's bootstrapTokenFile wants it. Without GROUPS the lab's
 # kubelet token, its id in DIR/state; with them (auth-extra-groups) a node's own.

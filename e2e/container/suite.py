@@ -104,7 +104,8 @@ echo "boot_id=$(cat /proc/sys/kernel/random/boot_id)"
                     k, _, v = line.partition(":")
                     conf[k.strip()] = v.strip()
         if not kubelet:
-            for k in ("nodeImages", "bootstrapTokenFile", "sandboxImage"):
+            # The token stays when the agent joins with it (apiServer).
+            for k in ("nodeImages", "sandboxImage") + (() if "apiServer" in conf else ("bootstrapTokenFile",)):
                 conf.pop(k, None)
         conf.update(settings)
         n = len([x for x in os.listdir(self.dir) if x.startswith("reprovision-")])
@@ -277,6 +278,24 @@ if [ -e /etc/modules-load.d/flexnode.conf ]; then echo "left: /etc/modules-load.
         st = lab.status_json()
         need(st.get("phase") == "Ready" and (st.get("node") or {}).get("installMode") == "container",
              "flexnode status: phase %r, node %s" % (st.get("phase"), st.get("node")))
+        # Joined with what a cluster gives out (the lab mints no certificate for the node): its
+        # key made on the node, its certificate asked by the bootstrap token bound to it and
+        # approved by `flexnode approver`.
+        with open(os.path.join(lab.dir, "bootstrap-token")) as fh:
+            token_id = fh.read().strip().split(".")[0]
+        rc, out, err = lab.kubectl("get", "csr", "-o", "json")
+        need(rc == 0, "kubectl get csr: %s" % err.strip())
+        mine = [c for c in json.loads(out)["items"]
+                if c["metadata"]["name"].startswith("flexnode-%s-" % lab.node)
+                and c["spec"]["username"] == "system:bootstrap:" + token_id]
+        need(mine, "no certificate request of %s sent by its bootstrap token" % lab.node)
+        newest = max(mine, key=lambda c: c["metadata"]["creationTimestamp"])
+        approved = [c.get("reason") for c in newest["status"].get("conditions") or [] if c["type"] == "Approved"]
+        need(approved == ["BoundBootstrapToken"] and newest["status"].get("certificate")
+             and newest["status"]["certificate"] in lab.sh("cat /etc/flexnode/kubeconfig"),
+             "%s's request %s: %s" % (lab.node, newest["metadata"]["name"], newest["status"].get("conditions")))
+        detail("joined with the bootstrap token alone: %s approved BoundBootstrapToken"
+               % newest["metadata"]["name"])
 
     def c_no_agent_files(self):
         """Walks the host's filesystem: nothing of the agent outside /etc/flexnode and
@@ -532,17 +551,15 @@ find /opt /usr/local -mindepth 1 \( -type f -o -name '*flexnode*' \) | sed 's/^/
         image (a kubelet and the Node Ready again)."""
         lab = self.lab
         self.reset_leaves_nothing("the deletion signal")
-        # A credential the API server refuses cannot start working by retrying: Ignition
-        # cannot know that, the join in the bootstrap container does.
-        with open(os.path.join(lab.dir, "node.kubeconfig")) as fh:
-            text = fh.read()
-        user = text.split("users:\n- name: ", 1)[1].split("\n", 1)[0]
-        bogus = os.path.join(lab.dir, "refused.kubeconfig")
+        # A credential the API server refuses (a bootstrap token it does not know) cannot start
+        # working by retrying: Ignition cannot know that, the join in the bootstrap container
+        # does.
+        secret = "%016x" % (os.getpid() * 7919)
+        bogus = os.path.join(lab.dir, "refused-token")
         fd = os.open(bogus, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as fh:
-            fh.write(text.split("users:\n", 1)[0] + "users:\n- name: %s\n  user:\n    token: refused-%s\n" % (user, os.getpid())
-                     + "contexts:\n" + text.split("contexts:\n", 1)[1])
-        lab.provision(kubeconfig=bogus)
+            fh.write("abcdef.%s\n" % secret[-16:])
+        lab.provision(bootstrapTokenFile=bogus)
         samples = lab.sh(
             "for i in $(seq 15); do systemctl show flexnode-bootstrap -p ActiveState,SubState,ExecMainStatus,NRestarts,Result "
             "| tr '\\n' ' '; echo; sleep 1; done", 240)
@@ -551,8 +568,8 @@ find /opt /usr/local -mindepth 1 \( -type f -o -name '*flexnode*' \) | sed 's/^/
         need(all(r.get("NRestarts") == "0" for r in rows), "flexnode-bootstrap was restarted: %s" % last)
         need(last.get("ExecMainStatus") == "78" and last.get("ActiveState") == "failed", "final state %s" % last)
         j = lab.journal("-u flexnode-bootstrap -o cat --since -5min")
-        need("kubeconfig" in j, "the bootstrap unit's journal does not name the setting")
-        need("refused-%s" % os.getpid() not in j, "the journal shows the credential")
+        need("Credential" in j, "the bootstrap unit's journal does not name the check")
+        need(secret[-16:] not in j, "the journal shows the credential")
         detail(" ".join("%s=%s" % kv for kv in sorted(last.items())))
         lab.sh("systemctl reset-failed flexnode-bootstrap; rm -rf /etc/flexnode")
         lab.provision()

@@ -48,18 +48,16 @@ def capability_mask(repo, mode):
     return mask
 
 
-def excerpts(path, key):
-    """40 characters from the middle of the value of `key:` in the file at `path` (base64 of
-    a PEM), and 40 from the middle of that PEM's body: a key leaked as PEM holds only the
-    second."""
-    with open(path) as fh:
-        for line in fh:
-            k, _, v = line.strip().partition(":")
-            if k == key and len(v.strip()) > 200:
-                pem = base64.b64decode(v.strip()).decode()
-                body = "".join(l for l in pem.splitlines() if not l.startswith("-----"))
-                return [v.strip()[100:140], body[100:140]]
-    raise AssertionError("no %s in %s" % (key, path))
+def excerpts(text, key, where):
+    """40 characters from the middle of the value of `key` in a kubeconfig's `text` (YAML or
+    JSON; base64 of a PEM), and 40 from the middle of that PEM's body: a key leaked as PEM
+    holds only the second."""
+    m = re.search(r'%s"?\s*:\s*"?([A-Za-z0-9+/=]{200,})' % re.escape(key), text)
+    if not m:
+        raise AssertionError("no %s in %s" % (key, where))
+    pem = base64.b64decode(m.group(1)).decode()
+    body = "".join(l for l in pem.splitlines() if not l.startswith("-----"))
+    return [m.group(1)[100:140], body[100:140]]
 
 
 class SecurityChecks:
@@ -71,7 +69,14 @@ class SecurityChecks:
 
     def lab_secrets(self):
         d = self.lab.dir
-        stored, pem = excerpts(os.path.join(d, "node.kubeconfig"), "client-key-data")
+        # The lab's minted credential, or the key the node made itself (a token join).
+        minted = os.path.join(d, "node.kubeconfig")
+        if os.path.exists(minted):
+            with open(minted) as fh:
+                stored, pem = excerpts(fh.read(), "client-key-data", minted)
+        else:
+            stored, pem = excerpts(self.lab.sh("cat /etc/flexnode/kubeconfig"), "client-key-data",
+                                   "the node's /etc/flexnode/kubeconfig")
         out = [("the node's private key (base64 as stored)", stored), ("the node's private key (its PEM)", pem)]
         for what, name in (("the registry password", "registry.password"), ("the bootstrap token", "bootstrap-token")):
             with open(os.path.join(d, name)) as fh:

@@ -2,7 +2,7 @@
 
 use super::{
     Output, approver, daemon, generated, host_exec, ignition, join, op, preflight, recover, reset,
-    rollout, status,
+    rollout, status, token,
 };
 use crate::store;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -104,6 +104,9 @@ pub enum Command {
     /// Approve the certificate requests of agents whose bootstrap token is bound to their node
     /// (or who renew their own identity); deny the rest asking for an agent identity.
     Approver(approver::ApproverArgs),
+    /// An exec credential plugin: print an `ExecCredential` with a token from an identity
+    /// provider (a kubeconfig's user runs `flexnode token …`).
+    Token(token::TokenArgs),
     /// Print the shell completion script for SHELL (also in the repository's completions/).
     Completions {
         #[arg(value_enum)]
@@ -127,6 +130,7 @@ impl Command {
             | Self::Ignition { .. }
             | Self::Preflight { .. }
             | Self::HostExec { .. }
+            | Self::Token(_)
             | Self::Completions { .. }
             | Self::Version => false,
         }
@@ -187,6 +191,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Op(args) => op::command::run(args),
         Command::Rollout(args) => rollout::run(*args),
         Command::Approver(args) => approver::run(args),
+        Command::Token(args) => token::run(args),
         Command::HostExec { root, command } => host_exec::run(&root, &command),
     }
 }

@@ -89,6 +89,12 @@ async fn on_host(state: &Path, args: &DaemonArgs) -> Result<(), Failure> {
     }
     let tick = Duration::from_millis(args.tick_ms.max(100));
     let fx = wiring::host_effects(&config).await?;
+    match fx.host.refresh_kubelet_plugin() {
+        Ok(0) => {}
+        Ok(trees) => tracing::info!(trees, "the kubelet's credential plugin is this build now"),
+        // The kubelet runs the build it has until the next start.
+        Err(e) => tracing::warn!(error = %e, "the kubelet's credential plugin was not replaced"),
+    }
     let runner = match wiring::daemon_runner(
         state,
         &config.node_name,

@@ -16,6 +16,7 @@ pub mod recover;
 pub mod reset;
 pub mod rollout;
 pub mod status;
+pub mod token;
 pub mod wiring;
 
 use clap::ValueEnum;

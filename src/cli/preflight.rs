@@ -375,10 +375,11 @@ async fn credential_check(client: kube::Client) -> Check {
             Status::Fail,
             format!(
                 "the credential was refused: {}",
-                crate::text::one_line(&e.to_string())
+                crate::text::one_line(&crate::config::kubeconfig::api_message(&e))
             ),
-            "a kubeconfig for system:flexnode:<nodeName> in flexnode:agents, or a bootstrap \
-             token that is valid and bound to this node (docs/config.md)",
+            "a kubeconfig for system:flexnode:<nodeName> in flexnode:agents (a certificate, or \
+             an exec plugin the API server maps to it), or a bootstrap token that is valid and \
+             bound to this node (docs/config.md)",
         ),
     }
 }

@@ -8,7 +8,8 @@ use super::{EXIT_NO_STORE, Output, json, wiring, yaml};
 use crate::config::CONFIG_PATH;
 use crate::config::Config;
 use crate::effects::AGENT_UNIT;
-use crate::lifecycle::fault::{Fault, Problem};
+use crate::lifecycle::fault::{Fault, FaultKind, Problem};
+use crate::lifecycle::time::Timestamp;
 use crate::status_report::{self, HistoryReport, StatusReport};
 use crate::store::fault::{environment, of_store};
 use crate::store::{StoreError, StoreReader};
@@ -46,14 +47,33 @@ fn render(report: &StatusReport, output: Output) -> String {
     }
 }
 
-/// What a look around finds wrong for a joined node: its configuration, and the store's and
-/// `/etc`'s filesystems.
+/// What a look around finds wrong for a joined node: its configuration, the agent's
+/// certificate, and the store's and `/etc`'s filesystems.
 fn problems(state: &Path, joined: bool) -> Vec<Problem> {
     let mut found = environment(state, &wiring::on_host("/etc"));
-    if joined && let Err(fault) = Config::installed(&wiring::on_host(CONFIG_PATH), "") {
-        found.push(fault);
+    if joined {
+        match Config::installed(&wiring::on_host(CONFIG_PATH), "") {
+            Err(fault) => found.push(fault),
+            Ok(config) => found.extend(expired(&config.kubeconfig.to_string_lossy())),
+        }
     }
     found.iter().map(Fault::problem).collect()
+}
+
+/// The agent's certificate, when it has expired: the daemon replaces it through the bootstrap
+/// token when it starts, and stops with this fault when the token cannot.
+fn expired(kubeconfig: &str) -> Option<Fault> {
+    let cert = crate::identity::credential::certificate_in(&wiring::on_host(kubeconfig))?;
+    (crate::identity::unix_now() >= cert.not_after).then(|| {
+        Fault::new(
+            FaultKind::CertificateExpired,
+            Path::new(kubeconfig),
+            format!(
+                "it expired at {}",
+                Timestamp::from_millis(cert.not_after.saturating_mul(1000)).rfc3339()
+            ),
+        )
+    })
 }
 
 fn read(

@@ -7,8 +7,8 @@ use crate::config::{Config, NodeImage};
 use crate::effects::archive::ArchiveFetcher;
 use crate::effects::containerd::{DEFAULT_NAMESPACE, LazyContainerd, RegistryConfig};
 use crate::effects::host::{
-    AGENT_IMAGE_VAR, FsHost, HostLayout, KubeletInputs, image_ref_digest, resolve_in_root,
-    running_build,
+    AGENT_IMAGE_VAR, FsHost, HostLayout, KubeletInputs, KubeletSource, image_ref_digest,
+    kubelet_plugin, resolve_in_root, running_build,
 };
 use crate::effects::http::Trust;
 use crate::effects::kube::KubePublisher;
@@ -71,15 +71,27 @@ pub async fn host_effects(config: &Config) -> anyhow::Result<HostEffects> {
         ),
     };
     let mut host = FsHost::new(layout).with_fetcher(ArchiveFetcher::new().with_trust(trust));
-    // Validation makes a node's settings come with the token.
-    if let (Some(node), Some(token_file)) = (&config.node, &config.bootstrap_token_file) {
+    if let Some(node) = &config.node {
         let (server, ca_pem) = crate::config::kubeconfig_cluster(&config.kubeconfig)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
+        // Validation makes a node's settings come with one of the two.
+        let plugin = kube::config::Kubeconfig::read_from(&config.kubeconfig)
+            .ok()
+            .as_ref()
+            .and_then(crate::config::kubeconfig::token_plugin);
+        let credential = match (plugin, &config.bootstrap_token_file) {
+            (Some(args), _) => KubeletSource::Exec(
+                kubelet_plugin(&args, Path::new("/proc/self/exe"))
+                    .map_err(|e| anyhow::anyhow!("the kubelet's credential: {e}"))?,
+            ),
+            (None, Some(token_file)) => KubeletSource::BootstrapTokenFile(token_file.clone()),
+            (None, None) => anyhow::bail!("the kubelet has no credential: no bootstrapTokenFile"),
+        };
         host = host.with_kubelet(KubeletInputs {
             node_name: config.node_name.clone(),
             server,
             ca_pem,
-            bootstrap_token_file: token_file.clone(),
+            credential,
             trusted_ca_file: config.trusted_ca_file.clone(),
             registry_credentials_file: config.registry_credentials_file.clone(),
             sandbox_image: node.sandbox_image.clone(),

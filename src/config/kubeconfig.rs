@@ -1,8 +1,10 @@
 //! The kubeconfig the agent (and an operator's `flexnode op`) reaches the API server with: the
 //! one rule that the API server is verified — checked when the configuration loads (every
-//! cluster the file names) and again when a client is built (the one its context selects).
+//! cluster the file names) and again when a client is built (the one its context selects) —
+//! and the one way a client's error is told.
 
-use kube::config::{Cluster, KubeConfigOptions, Kubeconfig, KubeconfigError};
+use kube::config::{AuthInfo, Cluster, KubeConfigOptions, Kubeconfig, KubeconfigError};
+use std::path::Path;
 
 /// Why the API server of `cluster` (named `name`) would not be verified, if it would not be:
 /// TLS verification turned off (`insecure-skip-tls-verify`), or plain http. The node's
@@ -32,9 +34,13 @@ pub fn first_unverified(kc: &Kubeconfig) -> Option<String> {
 }
 
 /// A client from a kubeconfig file (the agent's per-node credential, or an operator's). One
-/// whose selected API server would not be verified is refused.
+/// whose selected API server would not be verified is refused; an exec command `flexnode` is
+/// this binary.
 pub async fn client_from_kubeconfig(path: &std::path::Path) -> Result<kube::Client, kube::Error> {
-    let kubeconfig = Kubeconfig::read_from(path).map_err(kube::Error::InferKubeconfig)?;
+    let mut kubeconfig = Kubeconfig::read_from(path).map_err(kube::Error::InferKubeconfig)?;
+    if let Ok(exe) = std::env::current_exe() {
+        resolve_self(&mut kubeconfig, &exe);
+    }
     let selected = kubeconfig
         .current_context
         .as_deref()
@@ -55,6 +61,83 @@ pub async fn client_from_kubeconfig(path: &std::path::Path) -> Result<kube::Clie
         .await
         .map_err(kube::Error::InferKubeconfig)?;
     kube::Client::try_from(config)
+}
+
+/// A one-line description of a client error.
+pub fn api_message(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => {
+            let msg = if s.message.is_empty() {
+                format!("the API server answered {}", s.code)
+            } else {
+                s.message.clone()
+            };
+            if s.reason.is_empty() {
+                msg
+            } else {
+                format!("{msg} ({})", s.reason)
+            }
+        }
+        kube::Error::HyperError(_) | kube::Error::Service(_) => {
+            // The top-level text ("client error (Connect)") says little; the causes say why.
+            let mut msg = format!("cannot reach the API server: {e}");
+            let mut source = std::error::Error::source(e);
+            while let Some(cause) = source {
+                let text = cause.to_string();
+                if !msg.contains(&text) {
+                    msg.push_str(": ");
+                    msg.push_str(&text);
+                }
+                source = cause.source();
+            }
+            msg
+        }
+        other => other.to_string(),
+    }
+}
+
+/// The user the kubeconfig's current context selects.
+pub fn current_user(kc: &Kubeconfig) -> Option<&AuthInfo> {
+    let user = kc
+        .current_context
+        .as_deref()
+        .and_then(|name| kc.contexts.iter().find(|c| c.name == name))
+        .and_then(|c| c.context.as_ref()?.user.clone())?;
+    kc.auth_infos
+        .iter()
+        .find(|a| a.name == user)?
+        .auth_info
+        .as_ref()
+}
+
+/// The arguments after `token` of the `flexnode token` exec plugin the current user runs, if
+/// it does: the kubelet is then given the same plugin (src/effects/host/kubelet.rs).
+pub fn token_plugin(kc: &Kubeconfig) -> Option<Vec<String>> {
+    let exec = current_user(kc)?.exec.as_ref()?;
+    let command = exec.command.as_deref()?;
+    let args = exec.args.as_deref().unwrap_or_default();
+    let flexnode = Path::new(command).file_name() == Some(SELF_COMMAND.as_ref());
+    match args.split_first() {
+        Some((first, rest)) if flexnode && first == "token" => Some(rest.to_vec()),
+        _ => None,
+    }
+}
+
+/// The exec command that stands for the running flexnode binary (`flexnode token`,
+/// src/identity/exec.rs).
+pub const SELF_COMMAND: &str = "flexnode";
+
+/// Every exec command `flexnode` in `kc` made `exe` (the running binary).
+pub fn resolve_self(kc: &mut Kubeconfig, exe: &Path) {
+    let execs = kc
+        .auth_infos
+        .iter_mut()
+        .filter_map(|named| named.auth_info.as_mut()?.exec.as_mut());
+    for exec in execs {
+        if exec.command.as_deref() == Some(SELF_COMMAND) {
+            exec.command = Some(exe.to_string_lossy().into_owned());
+        }
+    }
 }
 
 #[cfg(test)]
@@ -94,5 +177,30 @@ mod tests {
             };
             assert!(e.to_string().contains(why), "{name}: {e}");
         }
+    }
+
+    #[test]
+    fn the_command_flexnode_is_this_binary() {
+        let mut kc = Kubeconfig::from_yaml(
+            "users:\n- name: a\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: flexnode\n      args: [token]\n- name: b\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: /usr/bin/other\n",
+        )
+        .expect("kubeconfig");
+        resolve_self(&mut kc, Path::new("/opt/flexnode/current/flexnode"));
+        let commands: Vec<_> = kc
+            .auth_infos
+            .iter()
+            .map(|a| {
+                a.auth_info
+                    .as_ref()
+                    .and_then(|i| i.exec.as_ref()?.command.clone())
+            })
+            .collect();
+        assert_eq!(
+            commands,
+            [
+                Some("/opt/flexnode/current/flexnode".to_string()),
+                Some("/usr/bin/other".to_string())
+            ]
+        );
     }
 }

@@ -397,10 +397,27 @@ impl ConfigFile {
         if let Some(path) = &self.registry_credentials_file {
             check_registry_credentials(path)?;
         }
+        let plugin = token_join
+            .is_none()
+            .then(|| kube::config::Kubeconfig::read_from(&kubeconfig).ok())
+            .flatten()
+            .as_ref()
+            .and_then(kubeconfig::token_plugin);
+        if let Some(hidden) = plugin.iter().flatten().find(|a| hidden_from_the_agent(a)) {
+            return Err(bad(
+                "kubeconfig",
+                format!(
+                    "its `flexnode token` reads {hidden}, which the agent's unit cannot see \
+                     (ProtectHome= hides /root, /home and /run/user): put it in /etc/flexnode"
+                ),
+            ));
+        }
+        // The kubelet's first credential: the bootstrap token, or the agent's `flexnode token`.
+        let kubelet_credential = token_file.is_some() || plugin.is_some();
         let node = node_config(
             &kubernetes_version,
             self.node_images,
-            token_file.is_some(),
+            kubelet_credential,
             self.sandbox_image,
             self.pod_cidr,
         )?;
@@ -457,6 +474,14 @@ pub fn metrics_address(text: &str) -> Result<std::net::SocketAddr, ConfigError> 
         ));
     }
     Ok(addr)
+}
+
+/// A path (or `--option=path`) under the directories the agent's unit does not see.
+fn hidden_from_the_agent(arg: &str) -> bool {
+    let path = arg.split_once('=').map_or(arg, |(_, v)| v);
+    ["/root", "/home", "/run/user"]
+        .iter()
+        .any(|d| path == *d || path.strip_prefix(d).is_some_and(|r| r.starts_with('/')))
 }
 
 /// The agent's certificate's life: the lifetime it asks for, and where in it it is renewed.
@@ -549,7 +574,7 @@ fn credential(
 fn node_config(
     kubernetes_version: &str,
     images: Option<BTreeMap<String, String>>,
-    has_token: bool,
+    has_kubelet_credential: bool,
     sandbox_image: Option<String>,
     pod_cidr: Option<String>,
 ) -> Result<Option<NodeConfig>, ConfigError> {
@@ -580,10 +605,12 @@ fn node_config(
             format!("names no image for kubernetesVersion {kubernetes_version}"),
         ));
     }
-    if !has_token {
+    if !has_kubelet_credential {
         return Err(bad(
             "bootstrapTokenFile",
-            "is required with nodeImages: the kubelet's first credential",
+            "is required with nodeImages: the kubelet's first credential (unless the \
+             kubeconfig's user is the exec plugin `flexnode token`, which the kubelet then runs \
+             too)",
         ));
     }
     let sandbox_image = sandbox_image.unwrap_or_else(|| DEFAULT_SANDBOX_IMAGE.to_string());

@@ -88,17 +88,7 @@ pub fn read_token(path: &Path) -> std::io::Result<SecretString> {
 /// current context selects), if it has one.
 pub fn certificate_in(path: &Path) -> Option<Issued> {
     let kc = Kubeconfig::read_from(path).ok()?;
-    let user = kc
-        .current_context
-        .as_deref()
-        .and_then(|name| kc.contexts.iter().find(|c| c.name == name))
-        .and_then(|c| c.context.as_ref()?.user.clone())?;
-    let data = kc
-        .auth_infos
-        .iter()
-        .find(|a| a.name == user)?
-        .auth_info
-        .as_ref()?
+    let data = crate::config::kubeconfig::current_user(&kc)?
         .client_certificate_data
         .clone()?;
     Issued::from_pem(&STANDARD.decode(data).ok()?).ok()

@@ -9,10 +9,12 @@
 //! - `credential.rs`: the kubeconfig the certificate goes into.
 //! - `rotation.rs`: renewal while the daemon runs, the client switched in place.
 //! - `bootstrap.rs`: a join's certificate, obtained with a bootstrap token (crash-safe).
+//! - `exec.rs`: `flexnode token`, an exec plugin for a JWT authenticator (no certificate).
 
 pub mod bootstrap;
 pub mod credential;
 pub mod csr;
+pub mod exec;
 pub mod request;
 pub mod rotation;
 pub mod rules;

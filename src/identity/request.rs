@@ -48,7 +48,7 @@ pub enum RequestError {
     BadCertificate { name: String, why: String },
     #[error(transparent)]
     Csr(#[from] CsrError),
-    #[error("the API server: {0}")]
+    #[error("the API server: {}", crate::config::kubeconfig::api_message(.0))]
     Api(#[from] kube::Error),
     #[error("watching the certificate request: {0}")]
     Watch(String),

@@ -12,28 +12,34 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 use support::Lab;
 
-const OPS_POLICY: &str = "ValidatingAdmissionPolicy 'flexnode-agent-own-machineoperations'";
+pub(crate) const OPS_POLICY: &str =
+    "ValidatingAdmissionPolicy 'flexnode-agent-own-machineoperations'";
 const OPS_MESSAGE: &str = "flexnode agents may only write operations addressed to their own node";
 const MACHINE_POLICY: &str = "ValidatingAdmissionPolicy 'flexnode-agent-own-machine'";
 const MACHINE_MESSAGE: &str = "flexnode agents may only write the Machine of their own node";
-const IN_PROGRESS: &str = r#"{"status":{"phase":"InProgress"}}"#;
+pub(crate) const IN_PROGRESS: &str = r#"{"status":{"phase":"InProgress"}}"#;
 
 /// The lab's kubectl with a node agent's client certificate.
-struct Agent {
+/// kubectl as an agent: with its certificate, or any kubeconfig (an exec plugin's).
+pub(crate) struct Agent {
     kubectl: PathBuf,
     kubeconfig: PathBuf,
 }
 
 impl Agent {
     fn new(lab: &Lab, node: &str) -> Self {
+        Self::with(lab, lab.node_kubeconfig(node))
+    }
+
+    pub(crate) fn with(lab: &Lab, kubeconfig: PathBuf) -> Self {
         Self {
             kubectl: lab.bin().join("kubectl"),
-            kubeconfig: lab.node_kubeconfig(node),
+            kubeconfig,
         }
     }
 
     /// (success, stdout + stderr)
-    fn kubectl(&self, args: &[&str]) -> (bool, String) {
+    pub(crate) fn kubectl(&self, args: &[&str]) -> (bool, String) {
         let out = Command::new(&self.kubectl)
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
@@ -48,7 +54,7 @@ impl Agent {
         (out.status.success(), text)
     }
 
-    fn patch_status(&self, kind: &str, name: &str, patch: &str) -> (bool, String) {
+    pub(crate) fn patch_status(&self, kind: &str, name: &str, patch: &str) -> (bool, String) {
         self.kubectl(&[
             "patch",
             kind,
@@ -63,18 +69,18 @@ impl Agent {
     }
 }
 
-fn apply(lab: &Lab, path: &Path) {
+pub(crate) fn apply(lab: &Lab, path: &Path) {
     let (ok, out) = lab.kubectl(&["apply", "-f", &path.display().to_string()]);
     assert!(ok, "apply {}: {out}", path.display());
 }
 
-fn apply_yaml(lab: &Lab, file: &str, yaml: &str) {
+pub(crate) fn apply_yaml(lab: &Lab, file: &str, yaml: &str) {
     let path = lab.dir.join(file);
     std::fs::write(&path, yaml).expect("write manifest");
     apply(lab, &path);
 }
 
-fn op(name: &str, addressing: &str) -> String {
+pub(crate) fn op(name: &str, addressing: &str) -> String {
     format!(
         "apiVersion: unbounded-cloud.io/v1alpha3\nkind: MachineOperation\nmetadata:\n  name: {name}\nspec:\n  {addressing}\n  operationKind: NodeReboot\n---\n"
     )
@@ -95,7 +101,10 @@ fn phase(lab: &Lab, kind: &str, name: &str) -> String {
 
 /// Retries `attempt` until it is refused by `policy` (a ValidatingAdmissionPolicy takes a
 /// moment to be loaded after it is created); returns the refusal.
-fn until_refused_by(policy: &str, mut attempt: impl FnMut() -> (bool, String)) -> String {
+pub(crate) fn until_refused_by(
+    policy: &str,
+    mut attempt: impl FnMut() -> (bool, String),
+) -> String {
     let start = Instant::now();
     loop {
         let (ok, out) = attempt();

@@ -9,6 +9,7 @@ mod apiserver_crds;
 mod apiserver_rbac;
 mod daemon;
 mod daemon_bad_env;
+mod exec_credentials;
 mod identity;
 mod op_cli;
 mod preflight;

@@ -311,7 +311,7 @@ async fn a_side_is_provisioned_from_a_node_image_with_its_kubelet_files(flavor: 
         node_name: "edge-07".into(),
         server: "https://10.0.2.100:6443".into(),
         ca_pem: b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".to_vec(),
-        bootstrap_token_file: token,
+        credential: flexnode::effects::host::KubeletSource::BootstrapTokenFile(token),
         trusted_ca_file: None,
         registry_credentials_file: None,
         sandbox_image: flexnode::config::DEFAULT_SANDBOX_IMAGE.into(),

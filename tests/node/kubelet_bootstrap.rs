@@ -264,7 +264,7 @@ fn the_machine_files_bootstrap_the_real_kubelet() {
         node_name: "machine-files-1".into(),
         server,
         ca_pem,
-        bootstrap_token_file: token_file,
+        credential: flexnode::effects::host::KubeletSource::BootstrapTokenFile(token_file),
         trusted_ca_file: None,
         registry_credentials_file: None,
         // Pinned, as every image the node pulls; nothing pulls it here (no runtime).

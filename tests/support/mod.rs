@@ -90,6 +90,12 @@ impl Lab {
         Self::start(&["--no-kcm", "--audit-agents"])
     }
 
+    /// Without controllers, with the lab's identity provider and the API server's JWT
+    /// authenticator for it (`up --issuer`: state ISSUER_URL, ISSUER_METADATA_URL).
+    pub fn up_with_issuer() -> Self {
+        Self::start(&["--no-kcm", "--issuer"])
+    }
+
     /// With kube-controller-manager (signing) and the agents' requests audited.
     pub fn up_audited_with_controllers() -> Self {
         Self::start(&["--audit-agents"])

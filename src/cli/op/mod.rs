@@ -65,38 +65,7 @@ pub(crate) async fn client(flag: Option<PathBuf>) -> Result<kube::Client, Failur
     }
 }
 
-/// A one-line description of a client error.
-pub(crate) fn api_message(e: &kube::Error) -> String {
-    match e {
-        kube::Error::Api(s) => {
-            let msg = if s.message.is_empty() {
-                format!("the API server answered {}", s.code)
-            } else {
-                s.message.clone()
-            };
-            if s.reason.is_empty() {
-                msg
-            } else {
-                format!("{msg} ({})", s.reason)
-            }
-        }
-        kube::Error::HyperError(_) | kube::Error::Service(_) => {
-            // The top-level text ("client error (Connect)") says little; the causes say why.
-            let mut msg = format!("cannot reach the API server: {e}");
-            let mut source = std::error::Error::source(e);
-            while let Some(cause) = source {
-                let text = cause.to_string();
-                if !msg.contains(&text) {
-                    msg.push_str(": ");
-                    msg.push_str(&text);
-                }
-                source = cause.source();
-            }
-            msg
-        }
-        other => other.to_string(),
-    }
-}
+pub(crate) use crate::config::kubeconfig::api_message;
 
 // ---- create ------------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@
 //! with the cluster CA as the client CA. JSON for the kubelet's files (its YAML parser reads it,
 //! and serde escapes every value); containerd's TOML holds only validated values.
 
+use super::kubelet_plugin::{KUBELET_EXEC_KUBECONFIG, KubeletPlugin, kubelet_kubeconfig};
 use crate::effects::containerd::basic_credentials;
 use crate::effects::fs::read_small;
 use crate::effects::{EffectError, EffectResult};
@@ -22,6 +23,15 @@ pub const KUBELET_ENV: &str = "etc/kubernetes/kubelet.env";
 pub enum KubeletCredential<'a> {
     /// `abcdef.0123456789abcdef`: what the bootstrap kubeconfig carries.
     BootstrapToken(&'a str),
+    /// The agent's `flexnode token`, run by the kubelet (src/effects/host/kubelet_plugin.rs).
+    Exec(&'a KubeletPlugin),
+}
+
+/// Where the kubelet's credential comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KubeletSource {
+    BootstrapTokenFile(PathBuf),
+    Exec(KubeletPlugin),
 }
 
 pub struct KubeletSettings<'a> {
@@ -64,7 +74,7 @@ pub struct KubeletInputs {
     pub server: String,
     /// The cluster CA, PEM (from the agent's kubeconfig).
     pub ca_pem: Vec<u8>,
-    pub bootstrap_token_file: PathBuf,
+    pub credential: KubeletSource,
     pub trusted_ca_file: Option<PathBuf>,
     pub registry_credentials_file: Option<PathBuf>,
     pub sandbox_image: String,
@@ -104,8 +114,9 @@ fn file(path: &str, contents: String, mode: u32) -> MachineFile {
 
 /// Every value of `s` that a file quotes, checked (never quoting a credential back).
 fn validate(s: &KubeletSettings) -> Result<(), KubeletSettingsError> {
-    let KubeletCredential::BootstrapToken(token) = s.credential;
-    if !valid_bootstrap_token(token) {
+    if let KubeletCredential::BootstrapToken(token) = s.credential
+        && !valid_bootstrap_token(token)
+    {
         return Err(KubeletSettingsError::BootstrapToken);
     }
     if parse_pinned_image(s.sandbox_image).is_err() {
@@ -137,20 +148,41 @@ fn validate(s: &KubeletSettings) -> Result<(), KubeletSettingsError> {
 /// the unit is conditioned on them).
 pub fn machine_files(s: &KubeletSettings) -> Result<Vec<MachineFile>, KubeletSettingsError> {
     validate(s)?;
-    let KubeletCredential::BootstrapToken(token) = s.credential;
     let from_cluster = s.pod_cidr == POD_RANGE_FROM_CLUSTER;
     use base64::Engine;
     let ca_data = base64::engine::general_purpose::STANDARD.encode(s.ca_pem);
-    let bootstrap = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "cluster", "cluster": {
-            "server": s.server, "certificate-authority-data": ca_data}}],
-        "users": [{"name": "kubelet-bootstrap", "user": {"token": token}}],
-        "contexts": [{"name": "bootstrap", "context": {
-            "cluster": "cluster", "user": "kubelet-bootstrap"}}],
-        "current-context": "bootstrap",
-    });
+    // The kubeconfig the kubelet starts from, and its arguments for it.
+    let (kubeconfig, kubeconfig_args) = match s.credential {
+        KubeletCredential::BootstrapToken(token) => (
+            (
+                "etc/kubernetes/bootstrap.kubeconfig",
+                serde_json::json!({
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "cluster", "cluster": {
+                        "server": s.server, "certificate-authority-data": ca_data}}],
+                    "users": [{"name": "kubelet-bootstrap", "user": {"token": token}}],
+                    "contexts": [{"name": "bootstrap", "context": {
+                        "cluster": "cluster", "user": "kubelet-bootstrap"}}],
+                    "current-context": "bootstrap",
+                }),
+            ),
+            [
+                "--bootstrap-kubeconfig=/etc/kubernetes/bootstrap.kubeconfig",
+                "--kubeconfig=/var/lib/kubelet/kubeconfig",
+            ]
+            .join(" "),
+        ),
+        KubeletCredential::Exec(plugin) => (
+            (
+                KUBELET_EXEC_KUBECONFIG,
+                kubelet_kubeconfig(s.server, &ca_data, plugin),
+            ),
+            format!("--kubeconfig=/{KUBELET_EXEC_KUBECONFIG}"),
+        ),
+    };
+    // A client certificate to rotate only when the kubelet made one from the token.
+    let rotate = matches!(s.credential, KubeletCredential::BootstrapToken(_));
     let config = serde_json::json!({
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -162,14 +194,10 @@ pub fn machine_files(s: &KubeletSettings) -> Result<Vec<MachineFile>, KubeletSet
         "authorization": {"mode": "Webhook"},
         "cgroupDriver": "systemd",
         "containerRuntimeEndpoint": "unix:///run/containerd/containerd.sock",
-        "rotateCertificates": true,
+        "rotateCertificates": rotate,
         "clusterDomain": "cluster.local",
     });
-    let args = [
-        "--config=/etc/kubernetes/kubelet.yaml",
-        "--bootstrap-kubeconfig=/etc/kubernetes/bootstrap.kubeconfig",
-        "--kubeconfig=/var/lib/kubelet/kubeconfig",
-    ];
+    let args = ["--config=/etc/kubernetes/kubelet.yaml", &kubeconfig_args];
     // The node name is a DNS-1123 subdomain (config validation): no quoting needed.
     let node_ip = s
         .node_ip
@@ -203,11 +231,7 @@ pub fn machine_files(s: &KubeletSettings) -> Result<Vec<MachineFile>, KubeletSet
             String::from_utf8_lossy(s.ca_pem).into_owned(),
             0o644,
         ),
-        file(
-            "etc/kubernetes/bootstrap.kubeconfig",
-            json(&bootstrap),
-            0o600,
-        ),
+        file(kubeconfig.0, json(&kubeconfig.1), 0o600),
         file("etc/kubernetes/kubelet.yaml", json(&config), 0o644),
         file("etc/containerd/config.toml", containerd, containerd_mode),
         if from_cluster {
@@ -326,7 +350,14 @@ pub fn files_from(inputs: &KubeletInputs) -> EffectResult<Vec<MachineFile>> {
             .ok_or_else(|| EffectError::Failed(format!("{}: not found", path.display())))
     };
     let bad = |path: &Path, why: &str| EffectError::Failed(format!("{}: {why}", path.display()));
-    let token = read(&inputs.bootstrap_token_file)?;
+    let token;
+    let (credential, plugin_files) = match &inputs.credential {
+        KubeletSource::BootstrapTokenFile(path) => {
+            token = read(path)?;
+            (KubeletCredential::BootstrapToken(token.trim()), Vec::new())
+        }
+        KubeletSource::Exec(plugin) => (KubeletCredential::Exec(plugin), plugin_files(plugin)?),
+    };
     let registry_ca = inputs
         .trusted_ca_file
         .as_deref()
@@ -376,7 +407,7 @@ pub fn files_from(inputs: &KubeletInputs) -> EffectResult<Vec<MachineFile>> {
         node_name: &inputs.node_name,
         server: &inputs.server,
         ca_pem: &inputs.ca_pem,
-        credential: KubeletCredential::BootstrapToken(token.trim()),
+        credential,
         sandbox_image: &inputs.sandbox_image,
         pod_cidr: &inputs.pod_cidr,
         node_ip: address_towards(&inputs.server),
@@ -389,7 +420,37 @@ pub fn files_from(inputs: &KubeletInputs) -> EffectResult<Vec<MachineFile>> {
         restrict_oom_score_adj: std::fs::read_to_string("/proc/1/status")
             .is_ok_and(|status| !can_lower_oom_scores(&status)),
     };
-    machine_files(&settings).map_err(|e| EffectError::Failed(format!("kubelet settings: {e}")))
+    let mut files = machine_files(&settings)
+        .map_err(|e| EffectError::Failed(format!("kubelet settings: {e}")))?;
+    // Before the kubelet's arguments, which the unit is conditioned on.
+    let at = files.len().saturating_sub(1);
+    files.splice(at..at, plugin_files);
+    Ok(files)
+}
+
+/// The plugin's files, read from the host: the agent's binary whole, the others small.
+fn plugin_files(plugin: &KubeletPlugin) -> EffectResult<Vec<MachineFile>> {
+    let mut files = Vec::new();
+    for (from, to, mode) in plugin.files() {
+        let contents = if to == Path::new(super::kubelet_plugin::PLUGIN_BINARY) {
+            std::fs::read(&from).map_err(|e| crate::effects::fs::io_failed("read", &from, &e))?
+        } else {
+            read_small(&from, 1 << 20, true)?
+                .ok_or_else(|| {
+                    EffectError::Failed(format!(
+                        "{}: not found (the kubelet's credential plugin reads it)",
+                        from.display()
+                    ))
+                })?
+                .into_bytes()
+        };
+        files.push(MachineFile {
+            path: to,
+            contents,
+            mode,
+        });
+    }
+    Ok(files)
 }
 
 /// Whether a process whose `/proc/PID/status` is `status` may lower OOM scores: its bounding
@@ -439,236 +500,5 @@ fn image_host(reference: &str) -> Option<&str> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn settings(token: &str) -> KubeletSettings<'_> {
-        KubeletSettings {
-            node_name: "edge-07",
-            server: "https://10.0.2.100:6443",
-            ca_pem: b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
-            credential: KubeletCredential::BootstrapToken(token),
-            sandbox_image: "10.0.2.100:5000/lab/pause@sha256:ee6521f290b2168b6e0935a181d4cff9be1ac3f505666ef0e3c98fae8199917a",
-            pod_cidr: "10.88.0.0/16",
-            node_ip: Some(std::net::IpAddr::from([10, 0, 2, 15])),
-            registries: vec![RegistryAccess {
-                host: "10.0.2.100:5000".into(),
-                auth: Some("dXNlcjpwdw==".into()),
-            }],
-            registry_ca_pem: Some(
-                b"-----BEGIN CERTIFICATE-----\nMIIC\n-----END CERTIFICATE-----\n",
-            ),
-            restrict_oom_score_adj: false,
-        }
-    }
-
-    fn toml_of(s: &KubeletSettings) -> String {
-        let files = machine_files(s).expect("files");
-        let f = files
-            .iter()
-            .find(|f| f.path.ends_with("config.toml"))
-            .expect("containerd config");
-        String::from_utf8(f.contents.clone()).expect("utf-8")
-    }
-
-    #[test]
-    fn pods_oom_scores_are_restricted_only_where_the_host_cannot_lower_them() {
-        let mut s = settings("abcdef.0123456789abcdef");
-        assert!(toml_of(&s).contains("  restrict_oom_score_adj = false\n"));
-        s.restrict_oom_score_adj = true;
-        let toml = toml_of(&s);
-        let cri = toml
-            .split("\n[")
-            .find(|t| t.starts_with("plugins.\"io.containerd.grpc.v1.cri\"]"))
-            .expect("the CRI table");
-        assert!(cri.ends_with("\n  restrict_oom_score_adj = true"), "{toml}");
-    }
-
-    #[test]
-    fn a_pod_range_from_the_cluster_is_a_template_containerd_renders_with_the_nodes_range() {
-        let mut s = settings("abcdef.0123456789abcdef");
-        let fixed = machine_files(&s).expect("files");
-        assert!(
-            fixed
-                .iter()
-                .any(|f| f.path.ends_with("10-flexnode.conflist"))
-        );
-        assert!(!toml_of(&s).contains("conf_template"));
-        assert!(
-            !fixed
-                .iter()
-                .any(|f| f.path.to_string_lossy().contains("pod-bridge")),
-            "a fixed range is the same on both sides: no bridge to reset"
-        );
-        s.pod_cidr = POD_RANGE_FROM_CLUSTER;
-        let files = machine_files(&s).expect("files");
-        assert!(!files.iter().any(|f| f.path.starts_with("etc/cni")));
-        let reset = files
-            .iter()
-            .find(|f| {
-                f.path
-                    .ends_with("containerd.service.d/flexnode-pod-bridge.conf")
-            })
-            .expect("containerd's drop-in");
-        assert!(String::from_utf8_lossy(&reset.contents).contains(
-            "Wants=flexnode-pod-bridge-reset.service\nAfter=flexnode-pod-bridge-reset.service\n"
-        ));
-        assert_eq!(
-            files.last().map(|f| f.path.as_path()),
-            Some(Path::new(KUBELET_ENV)),
-            "the kubelet's arguments stay last"
-        );
-        let template = files
-            .iter()
-            .find(|f| f.path.ends_with("flexnode-cni.template"))
-            .expect("the template");
-        let text = String::from_utf8(template.contents.clone()).expect("utf-8");
-        assert!(
-            text.contains(r#""ranges":[[{"subnet":"{{.PodCIDR}}"}]]"#),
-            "{text}"
-        );
-        assert!(
-            toml_of(&s).contains("\n  conf_template = \"/etc/containerd/flexnode-cni.template\"\n")
-        );
-        s.pod_cidr = "clusters";
-        assert_eq!(
-            machine_files(&s),
-            Err(KubeletSettingsError::PodCidr("clusters".into()))
-        );
-    }
-
-    #[test]
-    fn the_bounding_set_tells_whether_oom_scores_can_be_lowered() {
-        let full = "Name:\tsystemd\nCapBnd:\t000001ffffffffff\nCapAmb:\t0\n";
-        let without = "Name:\tsystemd\nCapBnd:\t000001fffeffffff\nCapAmb:\t0\n";
-        assert!(can_lower_oom_scores(full));
-        assert!(!can_lower_oom_scores(without));
-        assert!(can_lower_oom_scores("Name:\tinit\n"));
-        assert!(can_lower_oom_scores("CapBnd:\tzz\n"));
-    }
-
-    #[test]
-    fn the_token_is_only_in_the_bootstrap_kubeconfig_which_is_private() {
-        let token = "abcdef.0123456789abcdef";
-        let files = machine_files(&settings(token)).expect("files");
-        for f in &files {
-            let text = String::from_utf8_lossy(&f.contents);
-            let holds = text.contains(token);
-            assert_eq!(
-                holds,
-                f.path.ends_with("bootstrap.kubeconfig"),
-                "{}",
-                f.path.display()
-            );
-            if holds {
-                assert_eq!(f.mode, 0o600);
-            }
-        }
-        assert_eq!(
-            files.last().map(|f| f.path.as_path()),
-            Some(std::path::Path::new(KUBELET_ENV))
-        );
-        let env = files
-            .last()
-            .map(|f| String::from_utf8_lossy(&f.contents).into_owned());
-        assert!(
-            env.as_deref()
-                .is_some_and(|e| e.contains(" --hostname-override=edge-07 --node-ip=10.0.2.15\n")),
-            "{env:?}"
-        );
-    }
-
-    #[test]
-    fn bad_settings_are_refused_without_quoting_the_token() {
-        let bad = "ABCDEF.0123456789abcdef";
-        let e = machine_files(&settings(bad)).expect_err("upper case");
-        assert_eq!(e, KubeletSettingsError::BootstrapToken);
-        assert!(!e.to_string().contains(bad));
-        let mut s = settings("abcdef.0123456789abcdef");
-        s.sandbox_image = "pause\"\n[evil]";
-        assert!(matches!(
-            machine_files(&s),
-            Err(KubeletSettingsError::SandboxImage(_))
-        ));
-        let mut s = settings("abcdef.0123456789abcdef");
-        s.pod_cidr = "10.88.0.0/33";
-        assert!(matches!(
-            machine_files(&s),
-            Err(KubeletSettingsError::PodCidr(_))
-        ));
-        let mut s = settings("abcdef.0123456789abcdef");
-        s.server = "http://10.0.2.100:6443";
-        assert_eq!(machine_files(&s), Err(KubeletSettingsError::Server));
-    }
-
-    #[test]
-    fn registry_passwords_make_containerd_s_file_private_and_stay_out_of_the_rest() {
-        let files = machine_files(&settings("abcdef.0123456789abcdef")).expect("files");
-        let config = files
-            .iter()
-            .find(|f| f.path.ends_with("config.toml"))
-            .expect("containerd config");
-        let text = String::from_utf8_lossy(&config.contents);
-        assert!(
-            text.contains("registry.configs.\"10.0.2.100:5000\".auth]"),
-            "{text}"
-        );
-        assert!(
-            text.contains("ca_file = \"/etc/containerd/flexnode-registry-ca.pem\""),
-            "{text}"
-        );
-        assert_eq!(config.mode, 0o600);
-        for f in files.iter().filter(|f| !f.path.ends_with("config.toml")) {
-            assert!(!String::from_utf8_lossy(&f.contents).contains("dXNlcjpwdw=="));
-        }
-        let mut s = settings("abcdef.0123456789abcdef");
-        s.registries[0].host = "evil\"]\n[x".into();
-        assert!(matches!(
-            machine_files(&s),
-            Err(KubeletSettingsError::Registry(_))
-        ));
-    }
-
-    #[test]
-    fn files_from_reads_the_token_and_the_credentials_for_the_sandbox_registry() {
-        let dir = tempfile::tempdir().expect("tmp");
-        let token = dir.path().join("token");
-        std::fs::write(&token, "abcdef.0123456789abcdef\n").expect("token");
-        let creds = dir.path().join("creds.json");
-        std::fs::write(
-            &creds,
-            r#"{"auths": {"10.0.2.100:5000": {"username": "u", "password": "p"}}}"#,
-        )
-        .expect("creds");
-        let ca = dir.path().join("ca.pem");
-        std::fs::write(&ca, "-----BEGIN CERTIFICATE-----\nMIIC\n").expect("ca");
-        let inputs = KubeletInputs {
-            node_name: "edge-07".into(),
-            server: "https://10.0.2.100:6443".into(),
-            ca_pem: b"-----BEGIN CERTIFICATE-----\n".to_vec(),
-            bootstrap_token_file: token,
-            trusted_ca_file: Some(ca),
-            registry_credentials_file: Some(creds),
-            sandbox_image: "registry.example/pause:3.10@sha256:ee6521f290b2168b6e0935a181d4cff9be1ac3f505666ef0e3c98fae8199917a".into(),
-            pod_cidr: "10.88.0.0/16".into(),
-        };
-        let files = files_from(&inputs).expect("files");
-        let config = files
-            .iter()
-            .find(|f| f.path.ends_with("config.toml"))
-            .expect("config");
-        let text = String::from_utf8_lossy(&config.contents);
-        // base64("u:p"); the sandbox image's registry trusts the CA too, without credentials.
-        assert!(text.contains("auth = \"dTpw\""), "{text}");
-        assert!(text.contains("configs.\"registry.example\".tls]"), "{text}");
-        assert!(
-            !text.contains("configs.\"registry.example\".auth]"),
-            "{text}"
-        );
-        let kubeconfig = files
-            .iter()
-            .find(|f| f.path.ends_with("bootstrap.kubeconfig"))
-            .expect("bootstrap");
-        assert!(String::from_utf8_lossy(&kubeconfig.contents).contains("abcdef.0123456789abcdef"));
-    }
-}
+#[path = "kubelet_tests.rs"]
+mod tests;

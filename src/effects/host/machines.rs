@@ -4,7 +4,8 @@
 //! image), moved aside in one step and then deleted.
 
 use super::FsHost;
-use super::kubelet::{MachineFile, files_from};
+use super::kubelet::{KubeletInputs, KubeletSource, MachineFile, files_from};
+use super::kubelet_plugin::PLUGIN_BINARY;
 use super::layout::MACHINES_DIR_MODE;
 use super::root::resolve_in_root;
 use crate::effects::fs::{
@@ -173,6 +174,37 @@ impl FsHost {
             format!("{marker}\n").as_bytes(),
             0o644,
         )
+    }
+
+    /// The kubelet's plugin in each whole machine tree made the running agent's build when it
+    /// is another (the daemon of an AgentUpgrade starting): the kubelet runs the agent's
+    /// build. Returns how many trees it replaced it in.
+    pub fn refresh_kubelet_plugin(&self) -> EffectResult<usize> {
+        let Some(KubeletInputs {
+            credential: KubeletSource::Exec(plugin),
+            ..
+        }) = &self.kubelet
+        else {
+            return Ok(0);
+        };
+        let binary =
+            std::fs::read(&plugin.binary).map_err(|e| io_failed("read", &plugin.binary, &e))?;
+        let mut replaced = 0;
+        for side in [Side::Kube1, Side::Kube2] {
+            if self.read_marker(side)?.is_none() {
+                continue;
+            }
+            let root = self.layout.machine_dir(side);
+            let path = resolve_in_root(&root, Path::new(PLUGIN_BINARY))
+                .map_err(|e| io_failed("resolve", &root.join(PLUGIN_BINARY), &e))?;
+            if std::fs::read(&path).is_ok_and(|b| b == binary) {
+                continue;
+            }
+            create_parents(&path)?;
+            write_file_atomic(&path, &binary, 0o755)?;
+            replaced += 1;
+        }
+        Ok(replaced)
     }
 
     pub(super) fn provision(&self, side: Side, kubernetes_version: &str) -> EffectResult {

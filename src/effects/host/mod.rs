@@ -24,6 +24,7 @@ mod candidate;
 mod exec;
 pub mod kernel;
 pub mod kubelet;
+pub mod kubelet_plugin;
 mod layout;
 mod machines;
 mod root;
@@ -35,8 +36,9 @@ pub use exec::{HOST_EXEC_TIMEOUT, run_in_root};
 pub use kernel::KERNEL_MODULES;
 pub use kubelet::{
     KUBELET_ENV, KubeletCredential, KubeletInputs, KubeletSettings, KubeletSettingsError,
-    MachineFile, RegistryAccess, machine_files,
+    KubeletSource, MachineFile, RegistryAccess, machine_files,
 };
+pub use kubelet_plugin::{KubeletPlugin, kubelet_plugin};
 pub use layout::{
     AGENT_IMAGE_NAME, AGENT_IMAGE_VAR, BIN_LINK_TARGET, HostLayout, MACHINES_DIR_MODE,
     RUNTIME_DIR_MODE, agent_image_ref, image_ref_digest, running_build, slot_link_target,
