@@ -170,6 +170,7 @@ class Suite(SuiteBase):
             with open(os.path.join(lab.dir, "logs", "join-%s.log" % name)) as f:
                 need(secret not in f.read(), "%s's join log holds the token's secret" % name)
             need(secret not in text, "%s's kubeconfig holds the token's secret" % name)
+            self.not_published(name, secret, "the token's secret")
         with open(os.path.join(lab.dir, "logs", "approver.log")) as f:
             approver = f.read()
         need(approver.count("BoundBootstrapToken") >= len(lab.token_nodes),
@@ -205,6 +206,7 @@ class Suite(SuiteBase):
                                    "/proc/[0-9]*/environ 2>/dev/null | wc -l").split()
             need(leaks == ["0", "0"], "%s: the client secret in %s journal lines and %s process "
                  "command lines or environments" % (n, leaks[0], leaks[1]))
+            self.not_published(n, lab.node_sh(n, "cat /etc/flexnode/client-secret").strip(), "the client secret")
             # Its kubelet runs the same plugin (the agent's binary copied into the machine) for
             # the audience kubelet: no bootstrap token, no certificate of its own.
             machine = lab.node_sh(n, "cat /var/lib/machines/kube1/etc/kubernetes/kubelet.kubeconfig; "
@@ -249,6 +251,16 @@ class Suite(SuiteBase):
             ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
             need(ready and ready[0]["status"] == "True", "%s is not Ready: %s" % (n, ready))
         detail("%s's kubelet plugin is %s after the upgrade" % (", ".join(lab.exec_nodes), lab.st["VERSION_NEXT"]))
+
+    def not_published(self, node, secret, what):
+        """SECRET in none of NODE's `flexnode status`, no Event, Machine or certificate request."""
+        lab = self.lab
+        need(len(secret) >= 16, "%s is too short to look for" % what)
+        status = lab.node_sh(node, "/opt/flexnode/bin/flexnode status -o json")
+        rc, out, err = lab.kubectl("get", "events,machines,csr", "-A", "-o", "json")
+        need(rc == 0, "kubectl get events,machines,csr: %s" % err.strip())
+        need(secret not in status and secret not in out,
+             "%s: %s in its status or the cluster's Events, Machines or requests" % (node, what))
 
     def requests(self, csrs, node):
         """NODE's agent's certificate requests (named flexnode-NODE-<key>), oldest first."""
@@ -410,7 +422,16 @@ class Suite(SuiteBase):
         upgrade replaced, is the invocation that ran the first check (no restart); and not one
         request of an agent was refused (401/403) in the API server's audit log."""
         lab = self.lab
-        csrs = lab.kube_json("get", "csr")["items"]
+
+        # A suite quicker than two renewal intervals (30 s each) waits for the second.
+        def twice():
+            csrs = lab.kube_json("get", "csr")["items"]
+            return csrs if all(
+                len([c for c in self.requests(csrs, n)
+                     if c["spec"]["username"] == "system:flexnode:" + n
+                     and parse_time(c["metadata"]["creationTimestamp"]) >= self.started]) >= 2
+                for n in lab.token_nodes) else None
+        csrs = wait_until("two renewals of each certificate since the suite started", twice, 90, 2)
         counts = {}
         for n in lab.token_nodes:
             renewals = [c for c in self.requests(csrs, n) if c["spec"]["username"] == "system:flexnode:" + n]
