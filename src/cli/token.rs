@@ -47,15 +47,11 @@ pub fn run(args: TokenArgs) -> ExitCode {
                 ));
             }
         };
-        let token = fetch(
-            &source,
-            &args.audience,
-            args.ca_file.as_deref(),
-            crate::identity::unix_now(),
-        )
-        .await
-        .map_err(|e| Failure::failed(format!("no token: {e}")))?;
-        println!("{}", exec_credential(&token));
+        let now = crate::identity::unix_now();
+        let token = fetch(&source, &args.audience, args.ca_file.as_deref(), now)
+            .await
+            .map_err(|e| Failure::failed(format!("no token: {e}")))?;
+        println!("{}", exec_credential(&token, now));
         Ok(())
     })
 }

@@ -72,6 +72,8 @@ fn seconds(v: Option<&serde_json::Value>) -> Option<i64> {
 
 /// The longest a request to the provider takes.
 const TIMEOUT: Duration = Duration::from_secs(30);
+/// The largest answer read: a token response is a few KiB.
+const MAX_ANSWER: usize = 64 * 1024;
 
 /// A token for `audience` from `source`; `now` in unix seconds.
 pub async fn fetch(
@@ -105,16 +107,25 @@ pub async fn fetch(
             http.get(url).header("Metadata", "true")
         }
     };
-    let response = request
+    let mut response = request
         .timeout(TIMEOUT)
         .send()
         .await
         .map_err(|e| ExecError::Unreachable(describe(&e)))?;
     let status = response.status();
-    let body = response
-        .bytes()
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
         .await
-        .map_err(|e| ExecError::Unreachable(describe(&e)))?;
+        .map_err(|e| ExecError::Unreachable(describe(&e)))?
+    {
+        if body.len() + chunk.len() > MAX_ANSWER {
+            return Err(ExecError::BadAnswer(format!(
+                "larger than {MAX_ANSWER} bytes"
+            )));
+        }
+        body.extend_from_slice(&chunk);
+    }
     let answer: Option<Answer> = serde_json::from_slice(&body).ok();
     if !status.is_success() {
         // The provider's own error code and description (never the request's secret).
@@ -187,16 +198,18 @@ fn read_secret(path: &Path) -> Result<SecretString, ExecError> {
     Ok(secret.to_string().into())
 }
 
-/// The `ExecCredential` a plugin prints: the token and its expiry, after which the client
-/// runs the plugin again.
-pub fn exec_credential(token: &Token) -> String {
+/// The `ExecCredential` a plugin prints: the token and when the client should run the plugin
+/// again — a fifth of its life (at most a minute) before it expires, so that no request is
+/// sent with a token about to expire (clients use it until that moment).
+pub fn exec_credential(token: &Token, now: i64) -> String {
+    let margin = ((token.expires_at - now) / 5).clamp(0, 60);
     serde_json::json!({
         "apiVersion": EXEC_API_VERSION,
         "kind": "ExecCredential",
         "status": {
             "token": token.token.expose_secret(),
             "expirationTimestamp": crate::lifecycle::time::Timestamp::from_millis(
-                token.expires_at.saturating_mul(1000)).rfc3339(),
+                (token.expires_at - margin).saturating_mul(1000)).rfc3339(),
         }
     })
     .to_string()
@@ -224,13 +237,17 @@ mod tests {
 
     #[test]
     fn the_credential_carries_the_token_and_its_expiry() {
-        let text = exec_credential(&Token {
-            token: "t0k".to_string().into(),
-            expires_at: 1_800_000_000,
-        });
+        let text = exec_credential(
+            &Token {
+                token: "t0k".to_string().into(),
+                expires_at: 1_800_000_000,
+            },
+            1_800_000_000 - 3600,
+        );
         let v: serde_json::Value = serde_json::from_str(&text).expect("json");
         assert_eq!(v["apiVersion"], EXEC_API_VERSION);
         assert_eq!(v["status"]["token"], "t0k");
-        assert_eq!(v["status"]["expirationTimestamp"], "2027-01-15T08:00:00Z");
+        // A minute early: the client asks again before the token expires.
+        assert_eq!(v["status"]["expirationTimestamp"], "2027-01-15T07:59:00Z");
     }
 }
