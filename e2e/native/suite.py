@@ -194,12 +194,7 @@ class Suite(SuiteBase):
             need(kc.startswith("600\n") and "command: flexnode" in kc and "client-certificate" not in kc,
                  "%s's kubeconfig is not the exec plugin's:\n%s" % (n, kc))
             need(not self.requests(csrs, n), "%s asked for a certificate" % n)
-            users = set()
-            with open(os.path.join(lab.cp_dir, "logs/audit.log")) as fh:
-                for line in fh:
-                    u = json.loads(line)["user"]
-                    if u["username"] == "system:flexnode:" + n:
-                        users.add((u.get("uid"), "flexnode:agents" in u.get("groups", [])))
+            users = self.audited_as("system:flexnode:" + n, "flexnode:agents")
             need(users == {(n, True)}, "%s's agent's requests were made as %s" % (n, users))
             leaks = lab.node_sh(n, "journalctl --no-pager -o cat | grep -c -F -f /etc/flexnode/client-secret || true; "
                                    "grep -l -F -f /etc/flexnode/client-secret /proc/[0-9]*/cmdline "
@@ -220,12 +215,7 @@ class Suite(SuiteBase):
             need(not [c for c in csrs if c["spec"]["username"] in ("system:bootstrap:" + token_id,
                                                                     "system:node:" + n)],
                  "%s's kubelet asked for a certificate" % n)
-            kubelet = set()
-            with open(os.path.join(lab.cp_dir, "logs/audit.log")) as fh:
-                for line in fh:
-                    u = json.loads(line)["user"]
-                    if u["username"] == "system:node:" + n:
-                        kubelet.add((u.get("uid"), "system:nodes" in u.get("groups", [])))
+            kubelet = self.audited_as("system:node:" + n, "system:nodes")
             need(kubelet == {(n, True)}, "%s's kubelet's requests were made as %s" % (n, kubelet))
         with open(os.path.join(lab.cp_dir, "logs/issuer-requests.log")) as f:
             issued = [line.split() for line in f]
@@ -251,6 +241,17 @@ class Suite(SuiteBase):
             ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
             need(ready and ready[0]["status"] == "True", "%s is not Ready: %s" % (n, ready))
         detail("%s's kubelet plugin is %s after the upgrade" % (", ".join(lab.exec_nodes), lab.st["VERSION_NEXT"]))
+
+    def audited_as(self, user, group):
+        """How USER's requests were authenticated, by the API server's audit log: the set of
+        (uid, whether in GROUP)."""
+        seen = set()
+        with open(os.path.join(self.lab.cp_dir, "logs/audit.log")) as fh:
+            for line in fh:
+                u = json.loads(line)["user"]
+                if u["username"] == user:
+                    seen.add((u.get("uid"), group in u.get("groups", [])))
+        return seen
 
     def not_published(self, node, secret, what):
         """SECRET in none of NODE's `flexnode status`, no Event, Machine or certificate request."""
