@@ -587,6 +587,73 @@ async fn the_daemon_renews_its_certificate_twice_without_a_restart_or_a_failed_r
     approver.abort();
 }
 
+/// A renewal point that passes while the API server is away (stopped, etcd with it): the
+/// renewer tries again (5 s, doubling) and renews once the API server is back, without
+/// waiting for the next point.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_point_passed_while_the_api_server_was_away_is_caught_up() {
+    let lab = Lab::up_with_controllers();
+    apply_rbac(&lab);
+    let approver = tokio::spawn(flexnode::approver::run(approver_client(&lab).await));
+    let (server, ca) = (lab.state("APISERVER_URL"), ca(&lab));
+    let token_w = token(&lab, "3600", &bound_to("node-w"));
+    let dir = tempfile::tempdir().expect("tmp");
+    let kubeconfig = dir.path().join("kubeconfig");
+    let mut first = request(&server, &ca, "node-w", &token_w, &kubeconfig);
+    first.expiration_seconds = Some(600);
+    let Obtained::New(first) = by_token(first, now(), WAIT, |_| {}).await.expect("joined") else {
+        panic!("a first certificate is new")
+    };
+    let (_client, swap) =
+        Swappable::new(client_from_kubeconfig(&kubeconfig).await.expect("client"));
+    // A renewal point 8 s from now, which passes while the API server is away.
+    let life = first.not_after - first.not_before;
+    let percent = u8::try_from(((now() + 8 - first.not_before) * 100 / life).clamp(1, 99))
+        .expect("a percent");
+    lab.stop_apiserver();
+    let (tx, mut renewed) = tokio::sync::mpsc::unbounded_channel();
+    let renewer = Renewer {
+        node: "node-w".into(),
+        kubeconfig: kubeconfig.clone(),
+        expiration_seconds: Some(600),
+        renew_at: RenewAt {
+            from_percent: percent,
+            to_percent: percent,
+        },
+    };
+    let renewing = tokio::spawn(renewer.run(swap, move |c| {
+        let _ = tx.send(c.clone());
+    }));
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    assert!(
+        renewed.try_recv().is_err(),
+        "renewed while the API server was away"
+    );
+    let back = lab.start_apiserver(false);
+    // The renewer's next try (its wait doubles: 5, 10, 20, 40 s), then the approver's and the
+    // signer's watches back (their own backoff): 8-60 s here.
+    let caught_up = tokio::time::timeout(Duration::from_secs(240), renewed.recv())
+        .await
+        .expect("no renewal within 240 s of the API server's return")
+        .expect("the renewer ended");
+    let after = std::time::SystemTime::now()
+        .duration_since(back)
+        .unwrap_or_default();
+    assert_eq!(caught_up.common_name, "system:flexnode:node-w");
+    assert!(caught_up.not_after > first.not_after, "{caught_up:?}");
+    assert_eq!(
+        flexnode::identity::credential::certificate_in(&kubeconfig),
+        Some(caught_up),
+        "the kubeconfig holds the renewed certificate"
+    );
+    eprintln!(
+        "CAUGHT UP {:.1} s after the API server was back",
+        after.as_secs_f64()
+    );
+    renewing.abort();
+    approver.abort();
+}
+
 /// A kubeconfig of the lab's server and CA whose certificate expired on 2020-01-02.
 fn expired_kubeconfig(lab: &Lab, path: &Path) {
     let key = rcgen::KeyPair::generate().expect("key");
