@@ -91,7 +91,10 @@ async fn on_host(state: &Path, args: &DaemonArgs) -> Result<(), Failure> {
     let fx = wiring::host_effects(&config).await?;
     match fx.host.refresh_kubelet_plugin() {
         Ok(0) => {}
-        Ok(trees) => tracing::info!(trees, "the kubelet's credential plugin is this build now"),
+        Ok(files) => tracing::info!(
+            files,
+            "the kubelet's credential plugin and the files it reads are the agent's now"
+        ),
         // The kubelet runs the build it has until the next start.
         Err(e) => tracing::warn!(error = %e, "the kubelet's credential plugin was not replaced"),
     }

@@ -5,7 +5,6 @@
 
 use super::FsHost;
 use super::kubelet::{KubeletInputs, KubeletSource, MachineFile, files_from};
-use super::kubelet_plugin::PLUGIN_BINARY;
 use super::layout::MACHINES_DIR_MODE;
 use super::root::resolve_in_root;
 use crate::effects::fs::{
@@ -176,9 +175,10 @@ impl FsHost {
         )
     }
 
-    /// The kubelet's plugin in each whole machine tree made the running agent's build when it
-    /// is another (the daemon of an AgentUpgrade starting): the kubelet runs the agent's
-    /// build. Returns how many trees it replaced it in.
+    /// The kubelet's plugin in each whole machine tree made the running agent's build, and the
+    /// files it reads the host's, where they differ (the daemon of an AgentUpgrade starting; a
+    /// client secret replaced): the kubelet runs the agent's build with the node's secret.
+    /// Returns how many files it replaced.
     pub fn refresh_kubelet_plugin(&self) -> EffectResult<usize> {
         let Some(KubeletInputs {
             credential: KubeletSource::Exec(plugin),
@@ -187,22 +187,23 @@ impl FsHost {
         else {
             return Ok(0);
         };
-        let binary =
-            std::fs::read(&plugin.binary).map_err(|e| io_failed("read", &plugin.binary, &e))?;
         let mut replaced = 0;
-        for side in [Side::Kube1, Side::Kube2] {
-            if self.read_marker(side)?.is_none() {
-                continue;
+        for (from, to, mode) in plugin.files() {
+            let contents = std::fs::read(&from).map_err(|e| io_failed("read", &from, &e))?;
+            for side in [Side::Kube1, Side::Kube2] {
+                if self.read_marker(side)?.is_none() {
+                    continue;
+                }
+                let root = self.layout.machine_dir(side);
+                let path = resolve_in_root(&root, &to)
+                    .map_err(|e| io_failed("resolve", &root.join(&to), &e))?;
+                if std::fs::read(&path).is_ok_and(|b| b == contents) {
+                    continue;
+                }
+                create_parents(&path)?;
+                write_file_atomic(&path, &contents, mode)?;
+                replaced += 1;
             }
-            let root = self.layout.machine_dir(side);
-            let path = resolve_in_root(&root, Path::new(PLUGIN_BINARY))
-                .map_err(|e| io_failed("resolve", &root.join(PLUGIN_BINARY), &e))?;
-            if std::fs::read(&path).is_ok_and(|b| b == binary) {
-                continue;
-            }
-            create_parents(&path)?;
-            write_file_atomic(&path, &binary, 0o755)?;
-            replaced += 1;
         }
         Ok(replaced)
     }
@@ -335,4 +336,69 @@ fn sweep_trash(machines: &Path, side: Side) -> EffectResult {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::kubelet::{KubeletInputs, KubeletSource};
+    use super::super::kubelet_plugin::{PLUGIN_BINARY, kubelet_plugin};
+    use super::*;
+    use crate::effects::host::HostLayout;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A host whose kubelet runs the agent's plugin, its agent binary and client secret in
+    /// `dir`, with kube1 whole.
+    fn exec_host(dir: &Path) -> FsHost {
+        std::fs::write(dir.join("agent"), b"build 1").expect("agent");
+        std::fs::write(dir.join("secret"), b"s3cret-1").expect("secret");
+        let args: Vec<String> = [
+            "--token-url",
+            "https://idp.example/token",
+            "--client-id",
+            "a",
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .chain([
+            "--client-secret-file".to_string(),
+            dir.join("secret").display().to_string(),
+        ])
+        .collect();
+        let plugin = kubelet_plugin(&args, &dir.join("agent")).expect("plugin");
+        let host = FsHost::new(HostLayout::at(dir.join("root"))).with_kubelet(KubeletInputs {
+            node_name: "edge-07".into(),
+            server: "https://10.0.2.100:6443".into(),
+            ca_pem: b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".to_vec(),
+            credential: KubeletSource::Exec(plugin),
+            trusted_ca_file: None,
+            registry_credentials_file: None,
+            sandbox_image: crate::config::DEFAULT_SANDBOX_IMAGE.into(),
+            pod_cidr: "10.88.0.0/16".into(),
+        });
+        host.clear_tree(Side::Kube1).expect("tree");
+        let digest = Sha256Hex::parse(&"ab".repeat(32)).expect("digest");
+        host.complete(Side::Kube1, "v1.34.12", &digest)
+            .expect("complete");
+        host
+    }
+
+    #[test]
+    fn a_daemon_start_gives_the_kubelet_the_agents_build_and_the_nodes_secret() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let host = exec_host(dir.path());
+        let tree = dir.path().join("root/var/lib/machines/kube1");
+        let binary = tree.join(PLUGIN_BINARY);
+        let secret = tree.join("etc/kubernetes/exec/client-secret-file/secret");
+        assert_eq!(std::fs::read(&binary).expect("binary"), b"build 1");
+        assert_eq!(std::fs::read(&secret).expect("secret"), b"s3cret-1");
+        assert_eq!(host.refresh_kubelet_plugin(), Ok(0), "nothing differs");
+        // An upgrade's build starts; the secret was replaced.
+        std::fs::write(dir.path().join("agent"), b"build 2").expect("agent");
+        std::fs::write(dir.path().join("secret"), b"s3cret-2").expect("secret");
+        assert_eq!(host.refresh_kubelet_plugin(), Ok(2));
+        assert_eq!(std::fs::read(&binary).expect("binary"), b"build 2");
+        assert_eq!(std::fs::read(&secret).expect("secret"), b"s3cret-2");
+        let mode = |p: &Path| std::fs::metadata(p).expect("meta").permissions().mode() & 0o777;
+        assert_eq!((mode(&binary), mode(&secret)), (0o755, 0o600));
+    }
 }
