@@ -334,27 +334,7 @@ impl ConfigFile {
             self.agent_image.as_deref(),
             self.agent_image_digest.as_deref(),
         )?;
-        let agent_image = match (agent_image, self.agent_image_archive) {
-            (image, None) => image,
-            (None, Some(_)) => return Err(bad("agentImageArchive", ONLY_CONTAINER)),
-            // It goes into the bootstrap unit's environment file: one plain word.
-            (Some(_), Some(path))
-                if !path.is_absolute()
-                    || !path.to_str().is_some_and(|p| {
-                        p.bytes()
-                            .all(|b| b.is_ascii_graphic() && !b"\"'$\\`".contains(&b))
-                    }) =>
-            {
-                return Err(bad(
-                    "agentImageArchive",
-                    "must be an absolute path on the node, without spaces, quotes or `$`",
-                ));
-            }
-            (Some(image), Some(path)) => Some(AgentImage {
-                archive: Some(path),
-                ..image
-            }),
-        };
+        let agent_image = with_archive(agent_image, self.agent_image_archive)?;
         let node_name = match self.node_name {
             Some(n) => n,
             None => hostname.trim().to_ascii_lowercase(),
@@ -397,21 +377,10 @@ impl ConfigFile {
         if let Some(path) = &self.registry_credentials_file {
             check_registry_credentials(path)?;
         }
-        let plugin = token_join
-            .is_none()
-            .then(|| kube::config::Kubeconfig::read_from(&kubeconfig).ok())
-            .flatten()
-            .as_ref()
-            .and_then(kubeconfig::token_plugin);
-        if let Some(hidden) = plugin.iter().flatten().find(|a| hidden_from_the_agent(a)) {
-            return Err(bad(
-                "kubeconfig",
-                format!(
-                    "its `flexnode token` reads {hidden}, which the agent's unit cannot see \
-                     (ProtectHome= hides /root, /home and /run/user): put it in /etc/flexnode"
-                ),
-            ));
-        }
+        let plugin = match token_join {
+            Some(_) => None,
+            None => agent_plugin(&kubeconfig)?,
+        };
         // The kubelet's first credential: the bootstrap token, or the agent's `flexnode token`.
         let kubelet_credential = token_file.is_some() || plugin.is_some();
         let node = node_config(
@@ -474,6 +443,53 @@ pub fn metrics_address(text: &str) -> Result<std::net::SocketAddr, ConfigError> 
         ));
     }
     Ok(addr)
+}
+
+/// The container install's image with its offline archive, which goes into the bootstrap
+/// unit's environment file: one plain word.
+fn with_archive(
+    agent_image: Option<AgentImage>,
+    archive: Option<PathBuf>,
+) -> Result<Option<AgentImage>, ConfigError> {
+    Ok(match (agent_image, archive) {
+        (image, None) => image,
+        (None, Some(_)) => return Err(bad("agentImageArchive", ONLY_CONTAINER)),
+        (Some(_), Some(path))
+            if !path.is_absolute()
+                || !path.to_str().is_some_and(|p| {
+                    p.bytes()
+                        .all(|b| b.is_ascii_graphic() && !b"\"'$\\`".contains(&b))
+                }) =>
+        {
+            return Err(bad(
+                "agentImageArchive",
+                "must be an absolute path on the node, without spaces, quotes or `$`",
+            ));
+        }
+        (Some(image), Some(path)) => Some(AgentImage {
+            archive: Some(path),
+            ..image
+        }),
+    })
+}
+
+/// The args of the agent's `flexnode token` plugin, if its kubeconfig runs one; a file it
+/// reads where the agent's unit cannot see it is refused.
+fn agent_plugin(kubeconfig: &Path) -> Result<Option<Vec<String>>, ConfigError> {
+    let plugin = kube::config::Kubeconfig::read_from(kubeconfig)
+        .ok()
+        .as_ref()
+        .and_then(kubeconfig::token_plugin);
+    if let Some(hidden) = plugin.iter().flatten().find(|a| hidden_from_the_agent(a)) {
+        return Err(bad(
+            "kubeconfig",
+            format!(
+                "its `flexnode token` reads {hidden}, which the agent's unit cannot see \
+                 (ProtectHome= hides /root, /home and /run/user): put it in /etc/flexnode"
+            ),
+        ));
+    }
+    Ok(plugin)
 }
 
 /// A path (or `--option=path`) under the directories the agent's unit does not see.

@@ -330,45 +330,6 @@ fn node_images_come_with_the_kubelet_settings_and_cover_the_goal() {
         assert!(refused(&text).starts_with("nodeImages"), "{images}");
     }
     assert_eq!(refused(&format!("{base}{images}")), "bootstrapTokenFile");
-    // ... unless the agent's kubeconfig runs `flexnode token`, which the kubelet then runs too.
-    let exec = dir.path().join("exec.kubeconfig");
-    std::fs::write(
-        &exec,
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://10.0.2.100:6443\n    certificate-authority-data: LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg==\nusers:\n- name: u\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: flexnode\n      args: [token, --metadata-url, 'http://169.254.169.254/token']\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n",
-    )
-    .expect("write");
-    std::fs::set_permissions(&exec, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    let c = Config::parse(
-        &format!(
-            "kubeconfig: {}\nkubernetesVersion: v1.34.12\n{images}",
-            exec.display()
-        ),
-        "h",
-    )
-    .expect("the kubelet runs the agent's plugin");
-    assert!(c.node.is_some() && c.bootstrap_token_file.is_none());
-    // A file the plugin reads where the agent's unit cannot see it (ProtectHome=).
-    let text = std::fs::read_to_string(&exec).expect("read");
-    std::fs::write(
-        &exec,
-        text.replace(
-            "--metadata-url, 'http://169.254.169.254/token'",
-            "--client-secret-file=/root/secret",
-        ),
-    )
-    .expect("write");
-    let e = Config::parse(
-        &format!(
-            "kubeconfig: {}\nkubernetesVersion: v1.34.12\n{images}",
-            exec.display()
-        ),
-        "h",
-    )
-    .expect_err("hidden");
-    assert!(
-        e.to_string().contains("/root/secret") && e.to_string().contains("ProtectHome"),
-        "{e}"
-    );
     assert_eq!(
         refused(&with_token("sandboxImage: \"pause\\\"x\"\n")),
         "sandboxImage"
@@ -413,6 +374,39 @@ fn node_images_come_with_the_kubelet_settings_and_cover_the_goal() {
     let no_ca = kubeconfig(dir.path(), 0o600);
     let text = full.replace(&kc.display().to_string(), &no_ca.display().to_string());
     assert_eq!(refused(&text), "kubeconfig");
+}
+
+/// `nodeImages` without `bootstrapTokenFile`: the kubelet runs the agent's `flexnode token`,
+/// whose files must be where the agent's unit sees them.
+#[test]
+fn the_kubelet_runs_the_agents_exec_plugin_without_a_token() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let hex = "ab".repeat(32);
+    let exec = dir.path().join("exec.kubeconfig");
+    let parse = |args: &str| {
+        std::fs::write(
+            &exec,
+            format!("apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://10.0.2.100:6443\n    certificate-authority-data: LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg==\nusers:\n- name: u\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: flexnode\n      args: [token, {args}]\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"),
+        )
+        .expect("write");
+        std::fs::set_permissions(&exec, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        Config::parse(
+            &format!(
+                "kubeconfig: {}\nkubernetesVersion: v1.34.12\nnodeImages:\n  v1.34.12: oci://r.example/node@sha256:{hex}\n",
+                exec.display()
+            ),
+            "h",
+        )
+    };
+    let c = parse("--metadata-url, 'http://169.254.169.254/token'")
+        .expect("the kubelet runs the agent's plugin");
+    assert!(c.node.is_some() && c.bootstrap_token_file.is_none());
+    // A file the plugin reads where the agent's unit cannot see it (ProtectHome=).
+    let e = parse("--client-secret-file=/root/secret").expect_err("hidden");
+    assert!(
+        e.to_string().contains("/root/secret") && e.to_string().contains("ProtectHome"),
+        "{e}"
+    );
 }
 
 /// A kubeconfig that would not verify the API server is an impossible setting: TLS

@@ -449,6 +449,38 @@ async fn a_join_that_gave_up_waiting_finds_its_request_again() {
     approver.abort();
 }
 
+/// `node`'s renewer running, its point `secs` from now (the signer backdates a certificate:
+/// the percent is reckoned from `first`, the one it issued); each renewed certificate is sent
+/// on the channel.
+fn renewing_in(
+    secs: i64,
+    node: &str,
+    kubeconfig: &Path,
+    first: &flexnode::identity::csr::Issued,
+    swap: Swappable,
+) -> (
+    tokio::task::JoinHandle<()>,
+    tokio::sync::mpsc::UnboundedReceiver<flexnode::identity::csr::Issued>,
+) {
+    let life = first.not_after - first.not_before;
+    let percent = u8::try_from(((now() + secs - first.not_before) * 100 / life).clamp(1, 99))
+        .expect("a percent");
+    let (tx, renewed) = tokio::sync::mpsc::unbounded_channel();
+    let renewer = Renewer {
+        node: node.into(),
+        kubeconfig: kubeconfig.to_path_buf(),
+        expiration_seconds: Some(600),
+        renew_at: RenewAt {
+            from_percent: percent,
+            to_percent: percent,
+        },
+    };
+    let renewing = tokio::spawn(renewer.run(swap, move |c| {
+        let _ = tx.send(c.clone());
+    }));
+    (renewing, renewed)
+}
+
 /// The next certificate the renewer reports.
 async fn next(
     renewed: &mut tokio::sync::mpsc::UnboundedReceiver<flexnode::identity::csr::Issued>,
@@ -518,24 +550,7 @@ async fn the_daemon_renews_its_certificate_twice_without_a_restart_or_a_failed_r
     reboot("rotate-before").await;
     completed(&admin, "rotate-before").await;
 
-    // A renewal point 8 s from now (the signer backdates a certificate: the percent is
-    // reckoned from the one it issued).
-    let life = first.not_after - first.not_before;
-    let percent = u8::try_from(((now() + 8 - first.not_before) * 100 / life).clamp(1, 99))
-        .expect("a percent");
-    let (tx, mut renewed) = tokio::sync::mpsc::unbounded_channel();
-    let renewer = Renewer {
-        node: "node-r".into(),
-        kubeconfig: kubeconfig.clone(),
-        expiration_seconds: Some(600),
-        renew_at: RenewAt {
-            from_percent: percent,
-            to_percent: percent,
-        },
-    };
-    let renewing = tokio::spawn(renewer.run(swap, move |c| {
-        let _ = tx.send(c.clone());
-    }));
+    let (renewing, mut renewed) = renewing_in(8, "node-r", &kubeconfig, &first, swap);
     let one = next(&mut renewed, "first").await;
     reboot("rotate-between").await;
     completed(&admin, "rotate-between").await;
@@ -607,23 +622,8 @@ async fn a_renewal_point_passed_while_the_api_server_was_away_is_caught_up() {
     let (_client, swap) =
         Swappable::new(client_from_kubeconfig(&kubeconfig).await.expect("client"));
     // A renewal point 8 s from now, which passes while the API server is away.
-    let life = first.not_after - first.not_before;
-    let percent = u8::try_from(((now() + 8 - first.not_before) * 100 / life).clamp(1, 99))
-        .expect("a percent");
     lab.stop_apiserver();
-    let (tx, mut renewed) = tokio::sync::mpsc::unbounded_channel();
-    let renewer = Renewer {
-        node: "node-w".into(),
-        kubeconfig: kubeconfig.clone(),
-        expiration_seconds: Some(600),
-        renew_at: RenewAt {
-            from_percent: percent,
-            to_percent: percent,
-        },
-    };
-    let renewing = tokio::spawn(renewer.run(swap, move |c| {
-        let _ = tx.send(c.clone());
-    }));
+    let (renewing, mut renewed) = renewing_in(8, "node-w", &kubeconfig, &first, swap);
     tokio::time::sleep(Duration::from_secs(15)).await;
     assert!(
         renewed.try_recv().is_err(),
