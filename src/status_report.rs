@@ -3,8 +3,10 @@
 
 use crate::effects::NodeSeen;
 use crate::lifecycle::fault::Problem;
+use crate::lifecycle::state::Goal;
 use crate::store::{JournalEntry, StoreError, StoreReader};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 /// Bumped on any incompatible change of the JSON/YAML shape.
@@ -76,6 +78,32 @@ pub struct DaemonSummary {
     pub watches_synced: bool,
     /// No watch is interrupted (the API server answers).
     pub watches_connected: bool,
+    /// The Machine's goal when the node has not applied it yet (older daemons: absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_goal: Option<GoalSummary>,
+}
+
+/// A Machine goal: what a repave applies.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GoalSummary {
+    pub generation: i64,
+    pub kubernetes_version: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub register_with_taints: Vec<String>,
+}
+
+impl GoalSummary {
+    pub fn of(goal: &Goal) -> Self {
+        Self {
+            generation: goal.generation,
+            kubernetes_version: goal.kubernetes_version.clone(),
+            node_labels: goal.node.labels.clone(),
+            register_with_taints: goal.node.taints.clone(),
+        }
+    }
 }
 
 impl StatusReport {
@@ -109,6 +137,14 @@ pub struct NodeSummary {
     pub applied_kubernetes_version: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub previous_kubernetes_version: Option<String>,
+    /// The active side's node image as chosen (`registry/repository[:tag]@sha256:…`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_image: Option<String>,
+    /// The applied goal's labels and taints: the Node registered with them.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_labels: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub register_with_taints: Vec<String>,
     pub agent: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_good_agent: Option<String>,
@@ -145,16 +181,22 @@ pub struct ResultSummary {
 pub fn build(reader: &StoreReader) -> Result<StatusReport, StoreError> {
     let persisted = reader.load()?;
     let state = &persisted.state;
-    let node = state.node().map(|n| NodeSummary {
-        name: n.name.clone(),
-        install_mode: n.mode.as_str(),
-        active_side: n.active.name(),
-        applied_generation: n.applied.generation,
-        applied_kubernetes_version: n.applied.kubernetes_version.clone(),
-        previous_kubernetes_version: n.previous.as_ref().map(|g| g.kubernetes_version.clone()),
-        agent: n.agent.to_string(),
-        last_good_agent: n.last_good.as_ref().map(ToString::to_string),
-    });
+    let node = match state.node() {
+        None => None,
+        Some(n) => Some(NodeSummary {
+            name: n.name.clone(),
+            install_mode: n.mode.as_str(),
+            active_side: n.active.name(),
+            applied_generation: n.applied.generation,
+            applied_kubernetes_version: n.applied.kubernetes_version.clone(),
+            previous_kubernetes_version: n.previous.as_ref().map(|g| g.kubernetes_version.clone()),
+            node_image: reader.machine_image(n.active)?.map(|m| m.reference),
+            node_labels: n.applied.node.labels.clone(),
+            register_with_taints: n.applied.node.taints.clone(),
+            agent: n.agent.to_string(),
+            last_good_agent: n.last_good.as_ref().map(ToString::to_string),
+        }),
+    };
     // A record this build cannot read is left out, not an error: status must always work.
     let kubelet = reader.node_seen()?.and_then(|(json, at)| {
         serde_json::from_str::<NodeSeen>(&json)
@@ -275,6 +317,19 @@ fn node(out: &mut String, r: &StatusReport) {
             if let Some(p) = &n.previous_kubernetes_version {
                 let _ = writeln!(out, "Previous:         Kubernetes {p}");
             }
+            if let Some(i) = &n.node_image {
+                let _ = writeln!(out, "Node image:       {i}");
+            }
+            settings(out, &n.node_labels, &n.register_with_taints, "");
+            if let Some(g) = r.daemon.as_ref().and_then(|d| d.waiting_goal.as_ref()) {
+                let _ = writeln!(
+                    out,
+                    "Waiting:          Kubernetes {} (Machine generation {}), applied by a \
+                     repave once the Node is deleted",
+                    g.kubernetes_version, g.generation
+                );
+                settings(out, &g.node_labels, &g.register_with_taints, " (waiting)");
+            }
             let _ = writeln!(
                 out,
                 "Agent:            {}{}",
@@ -288,6 +343,17 @@ fn node(out: &mut String, r: &StatusReport) {
         None => {
             let _ = writeln!(out, "Node:             not joined");
         }
+    }
+}
+
+/// A goal's labels and taints, one line each when there are any.
+fn settings(out: &mut String, labels: &BTreeMap<String, String>, taints: &[String], note: &str) {
+    if !labels.is_empty() {
+        let pairs: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let _ = writeln!(out, "{:<18}{}", format!("Labels{note}:"), pairs.join(", "));
+    }
+    if !taints.is_empty() {
+        let _ = writeln!(out, "{:<18}{}", format!("Taints{note}:"), taints.join(", "));
     }
 }
 

@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from lab import (NATIVE, Fail, Lab, SuiteBase, detail, need, parse_time, read_state, run_suite,  # noqa: E402
                  wait_until)
+from goal import GoalChecks  # noqa: E402
 
 POD_LABEL = "flexnode-native-suite"
 SELECTOR = "app.kubernetes.io/managed-by=flexnode"
@@ -87,7 +88,7 @@ class NativeLab:
         return p.stdout
 
 
-class Suite(SuiteBase):
+class Suite(GoalChecks, SuiteBase):
     def __init__(self, lab):
         super().__init__(lab)
         self.started = time.time()
@@ -235,7 +236,8 @@ class Suite(SuiteBase):
         lab = self.lab
         need(lab.exec_nodes, "no node joined with an exec credential")
         for n in lab.exec_nodes:
-            ver = lab.node_sh(n, "/var/lib/machines/kube1/usr/local/libexec/flexnode/flexnode version").strip()
+            side = self.status(n)["node"]["activeSide"]
+            ver = lab.node_sh(n, "/var/lib/machines/%s/usr/local/libexec/flexnode/flexnode version" % side).strip()
             need(ver == "flexnode " + lab.st["VERSION_NEXT"], "%s's kubelet runs %r" % (n, ver))
             node = lab.kube_json("get", "node", n)
             ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
@@ -727,6 +729,9 @@ CHECKS = [
     ("service-clusterip-from-every-node", Suite.c_services, NATIVE),
     ("rollout-reboot-in-waves-of-one", Suite.c_rollout, NATIVE),
     ("repave-one-node-pods-across-after", Suite.c_repave, NATIVE),
+    ("fleet-upgraded-by-its-machines-alone", Suite.c_fleet_upgrade, NATIVE),
+    ("labels-and-taints-from-the-machine", Suite.c_node_settings, NATIVE),
+    ("version-without-an-image-refused-before-the-old-side-stops", Suite.c_missing_version, NATIVE),
     ("two-nodes-upgraded-at-once-each-its-own", Suite.c_two_upgrades, NATIVE),
     ("exec-node-kubelet-plugin-follows-the-upgrade", Suite.c_plugin_follows_upgrade, NATIVE),
     ("token-of-one-node-denied-another-s-identity", Suite.c_other_identity_denied, NATIVE),

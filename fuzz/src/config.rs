@@ -78,7 +78,8 @@ fn check_config(config: &Config) {
     );
     if let Some(node) = &config.node {
         assert!(
-            node.images.contains_key(&config.kubernetes_version),
+            node.images.pins.contains_key(&config.kubernetes_version)
+                || node.images.pattern.is_some(),
             "{config:?}"
         );
     }

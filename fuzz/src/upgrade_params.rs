@@ -120,10 +120,7 @@ fn ready(mode: InstallMode, arch: Arch) -> NodeState {
             mode,
             arch,
             active: Side::Kube1,
-            applied: Goal {
-                generation: 1,
-                kubernetes_version: "v1.34.2".into(),
-            },
+            applied: Goal::new(1, "v1.34.2"),
             previous: None,
             agent: match mode {
                 InstallMode::Host => AgentBuild::Slot { slot: Slot::Blue },

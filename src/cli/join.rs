@@ -421,16 +421,10 @@ async fn adopt_or_create_machine(client: &kube::Client, config: &Config) -> Resu
         }
         Err(e) => return Err(api_failure(e)),
     };
-    let kubernetes_version = machine
-        .spec
-        .kubernetes
-        .as_ref()
-        .and_then(|k| k.version.clone())
-        .unwrap_or_else(|| config.kubernetes_version.clone());
-    Ok(Goal {
-        generation: machine.metadata.generation.unwrap_or(0),
-        kubernetes_version,
-    })
+    Ok(crate::reconcile::address::goal(
+        &machine,
+        &config.kubernetes_version,
+    ))
 }
 
 /// A credential the API server refuses cannot start working by retrying; an unreachable API

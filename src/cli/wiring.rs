@@ -3,7 +3,7 @@
 //! plus this host's facts they start from. Nothing else builds a `Runner`.
 
 use crate::config::kubeconfig::client_from_kubeconfig;
-use crate::config::{Config, NodeImage};
+use crate::config::{Config, NodeImages};
 use crate::effects::archive::ArchiveFetcher;
 use crate::effects::containerd::{DEFAULT_NAMESPACE, LazyContainerd, RegistryConfig};
 use crate::effects::host::{
@@ -24,7 +24,6 @@ use crate::reconcile::owner::KubeRunner;
 use crate::reconcile::{fault, notify};
 use crate::store::fault::of_store;
 use crate::store::{Store, StoreError, StoreReader};
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -46,7 +45,7 @@ pub struct HostEffects {
     pub containerd: LazyContainerd,
     pub host: FsHost,
     /// The configuration's node images (the executor's `node_images`).
-    pub node_images: BTreeMap<String, NodeImage>,
+    pub node_images: NodeImages,
 }
 
 /// This host's effects, reaching https servers and registries as `config` says.
@@ -96,6 +95,7 @@ pub async fn host_effects(config: &Config) -> anyhow::Result<HostEffects> {
             registry_credentials_file: config.registry_credentials_file.clone(),
             sandbox_image: node.sandbox_image.clone(),
             pod_cidr: node.pod_cidr.clone(),
+            tuning: node.kubelet.clone(),
         });
     }
     Ok(HostEffects {
@@ -134,7 +134,7 @@ pub async fn daemon_runner<S: Systemd, C: Containerd, H: Host>(
     node_name: &str,
     client: kube::Client,
     (systemd, containerd, host): (S, C, H),
-    node_images: BTreeMap<String, NodeImage>,
+    node_images: NodeImages,
 ) -> Result<KubeRunner<S, C, H>, StoreError> {
     if !state.exists() {
         return Err(StoreError::Missing(state.to_path_buf()));

@@ -6,6 +6,7 @@ use crate::lifecycle::agent::{ImageRef, InstallMode, Sha256Hex};
 use crate::lifecycle::validate::{
     InvalidParameter, UnpinnedImage, parse_oci_url, parse_pinned_image, without_oci_scheme,
 };
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 /// The container install's image, pinned by digest.
@@ -106,4 +107,68 @@ pub(super) fn node_image(version: &str, value: &str) -> Result<NodeImage, Config
         )
     })?;
     Ok(NodeImage { image, digest })
+}
+
+/// Where the machines' trees come from: pins by version, which win, and a pattern for any
+/// other version.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeImages {
+    pub pins: BTreeMap<String, NodeImage>,
+    pub pattern: Option<NodeImagePattern>,
+}
+
+impl NodeImages {
+    /// No node image at all: machines are minimal trees without a kubelet.
+    pub fn is_empty(&self) -> bool {
+        self.pins.is_empty() && self.pattern.is_none()
+    }
+}
+
+/// The placeholder a node image pattern names the Kubernetes version with.
+pub const VERSION_PLACEHOLDER: &str = "{kubernetesVersion}";
+
+/// `nodeImage`: `oci://REGISTRY/REPOSITORY:TAG`, the tag naming the version with
+/// [`VERSION_PLACEHOLDER`]; resolved to a digest when a machine is provisioned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeImagePattern {
+    /// Without `oci://`.
+    pattern: String,
+}
+
+impl NodeImagePattern {
+    /// `registry/repository:tag` for `version` (a `vN.N.N` the configuration or the core
+    /// checked, so the tag stays one).
+    pub fn for_version(&self, version: &str) -> String {
+        self.pattern.replace(VERSION_PLACEHOLDER, version)
+    }
+
+    /// As written, with `oci://`.
+    pub fn shown(&self) -> String {
+        format!("oci://{}", self.pattern)
+    }
+}
+
+impl NodeImagePattern {
+    /// The pattern checked by what it makes of a version: an image reference whose tag, and
+    /// only its tag, holds the placeholder.
+    pub fn parse(value: &str) -> Result<Self, ConfigError> {
+        node_image_pattern(value)
+    }
+}
+
+fn node_image_pattern(value: &str) -> Result<NodeImagePattern, ConfigError> {
+    const SHAPE: &str = "oci://REGISTRY/REPOSITORY:TAG with {kubernetesVersion} in the tag, \
+                         e.g. oci://registry.example/flexnode/node:{kubernetesVersion}";
+    let refuse = || bad("nodeImage", format!("is not {SHAPE}"));
+    let pattern = without_oci_scheme(value.trim()).ok_or_else(refuse)?;
+    let sample = pattern.replace(VERSION_PLACEHOLDER, "v1.34.12");
+    let image = parse_oci_url(&format!("oci://{sample}")).map_err(|_| refuse())?;
+    let in_tag = image.tag.as_deref().is_some_and(|t| t.contains("v1.34.12"));
+    let (name, _) = pattern.rsplit_once(':').ok_or_else(refuse)?;
+    if !in_tag || name.contains('{') {
+        return Err(refuse());
+    }
+    Ok(NodeImagePattern {
+        pattern: pattern.to_string(),
+    })
 }

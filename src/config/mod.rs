@@ -5,18 +5,19 @@
 mod files;
 mod image;
 pub mod kubeconfig;
+mod node;
 
 use crate::lifecycle::agent::InstallMode;
 use crate::lifecycle::fault::{Fault, FaultKind};
-use crate::lifecycle::validate::{
-    POD_RANGE_FROM_CLUSTER, UnpinnedImage, parse_pinned_image, valid_pod_range,
-};
+pub use crate::lifecycle::kubelet::KubeletTuning;
+pub use crate::lifecycle::validate::is_dns_subdomain;
 use files::{
     check_bootstrap_token, check_ca, check_kubeconfig, check_registry_credentials, read_small,
 };
 pub use files::{kubeconfig_cluster, process_uid};
-pub use image::{AgentImage, NodeImage};
-use image::{ONLY_CONTAINER, agent_image, node_image};
+pub use image::{AgentImage, NodeImage, NodeImagePattern, NodeImages};
+use image::{ONLY_CONTAINER, agent_image};
+use node::{NodeKeys, node_config};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -87,9 +88,17 @@ pub struct ConfigFile {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_image_archive: Option<PathBuf>,
     /// The node image per Kubernetes version, `oci://REGISTRY/REPOSITORY[:TAG]@sha256:…`:
-    /// the machines run its kubelet. Without it a machine is a minimal tree with no kubelet.
+    /// the machines run its kubelet; pins that win over `nodeImage`. Without either a machine
+    /// is a minimal tree with no kubelet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_images: Option<BTreeMap<String, String>>,
+    /// The node image of any version: `oci://REGISTRY/REPOSITORY:TAG` with
+    /// `{kubernetesVersion}` in the tag, resolved to a digest when a machine is provisioned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_image: Option<String>,
+    /// The kubelet's settings (its `KubeletConfiguration`'s names).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubelet: Option<KubeletTuning>,
     /// A private file holding a bootstrap token (`abcdef.0123456789abcdef`): the kubelet's
     /// first credential, and the agent's when it joins with `apiServer`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -173,10 +182,10 @@ pub const MIN_CERTIFICATE_SECONDS: i32 = 600;
 /// The kubelet's side of the configuration (its bootstrap token is `Config`'s).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeConfig {
-    /// By Kubernetes version (`v1.34.12`).
-    pub images: BTreeMap<String, NodeImage>,
+    pub images: NodeImages,
     pub sandbox_image: String,
     pub pod_cidr: String,
+    pub kubelet: KubeletTuning,
 }
 
 /// A setting that cannot work. Never carries file contents (a kubeconfig holds a key).
@@ -241,7 +250,7 @@ fn looks_like_a_setting(key: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
 }
 
-fn bad(setting: &str, message: impl Into<String>) -> ConfigError {
+pub(super) fn bad(setting: &str, message: impl Into<String>) -> ConfigError {
     ConfigError::new(setting, message)
 }
 
@@ -299,12 +308,27 @@ impl Config {
             agent_image: self.agent_image.as_ref().map(|a| a.image.to_string()),
             agent_image_digest: self.agent_image.as_ref().map(|a| a.digest.oci()),
             agent_image_archive: self.agent_image.as_ref().and_then(|a| a.archive.clone()),
-            node_images: self.node.as_ref().map(|n| {
-                n.images
-                    .iter()
-                    .map(|(v, i)| (v.clone(), format!("{}@{}", i.image, i.digest.oci())))
-                    .collect()
-            }),
+            node_images: self
+                .node
+                .as_ref()
+                .filter(|n| !n.images.pins.is_empty())
+                .map(|n| {
+                    n.images
+                        .pins
+                        .iter()
+                        .map(|(v, i)| (v.clone(), format!("{}@{}", i.image, i.digest.oci())))
+                        .collect()
+                }),
+            node_image: self
+                .node
+                .as_ref()
+                .and_then(|n| n.images.pattern.as_ref())
+                .map(|p| p.shown()),
+            kubelet: self
+                .node
+                .as_ref()
+                .map(|n| n.kubelet.clone())
+                .filter(|k| *k != KubeletTuning::default()),
             bootstrap_token_file: self
                 .bootstrap_token_file
                 .as_ref()
@@ -385,10 +409,14 @@ impl ConfigFile {
         let kubelet_credential = token_file.is_some() || plugin.is_some();
         let node = node_config(
             &kubernetes_version,
-            self.node_images,
+            NodeKeys {
+                pins: self.node_images,
+                pattern: self.node_image,
+                sandbox_image: self.sandbox_image,
+                pod_cidr: self.pod_cidr,
+                kubelet: self.kubelet,
+            },
             kubelet_credential,
-            self.sandbox_image,
-            self.pod_cidr,
         )?;
         // The kubelet is given the agent's API server and cluster CA.
         if node.is_some() && token_join.is_none() {
@@ -585,104 +613,11 @@ fn credential(
     }
 }
 
-/// The kubelet's settings come with `nodeImages` or not at all; the goal's version must have
-/// an image.
-fn node_config(
-    kubernetes_version: &str,
-    images: Option<BTreeMap<String, String>>,
-    has_kubelet_credential: bool,
-    sandbox_image: Option<String>,
-    pod_cidr: Option<String>,
-) -> Result<Option<NodeConfig>, ConfigError> {
-    let Some(images) = images else {
-        for (setting, set) in [
-            ("sandboxImage", sandbox_image.is_some()),
-            ("podCIDR", pod_cidr.is_some()),
-        ] {
-            if set {
-                return Err(bad(setting, "is a kubelet setting: it needs nodeImages"));
-            }
-        }
-        return Ok(None);
-    };
-    let mut parsed = BTreeMap::new();
-    for (version, value) in &images {
-        if !is_kubernetes_version(version) {
-            return Err(bad(
-                "nodeImages",
-                format!("{version:?} is not a version like v1.34.12"),
-            ));
-        }
-        parsed.insert(version.clone(), node_image(version, value)?);
-    }
-    if !parsed.contains_key(kubernetes_version) {
-        return Err(bad(
-            "nodeImages",
-            format!("names no image for kubernetesVersion {kubernetes_version}"),
-        ));
-    }
-    if !has_kubelet_credential {
-        return Err(bad(
-            "bootstrapTokenFile",
-            "is required with nodeImages: the kubelet's first credential (unless the \
-             kubeconfig's user is the exec plugin `flexnode token`, which the kubelet then runs \
-             too)",
-        ));
-    }
-    let sandbox_image = sandbox_image.unwrap_or_else(|| DEFAULT_SANDBOX_IMAGE.to_string());
-    match parse_pinned_image(&sandbox_image) {
-        Ok(_) => {}
-        Err(UnpinnedImage::NoDigest) => {
-            return Err(bad(
-                "sandboxImage",
-                "must be pinned by digest: REGISTRY/REPOSITORY[:TAG]@sha256:<64 hex> (a tag \
-                 could change under the node)",
-            ));
-        }
-        Err(UnpinnedImage::NotAReference) => {
-            return Err(bad(
-                "sandboxImage",
-                "is not an image reference: REGISTRY/REPOSITORY[:TAG]@sha256:<64 hex>",
-            ));
-        }
-    }
-    let pod_cidr = pod_cidr.unwrap_or_else(|| DEFAULT_POD_CIDR.to_string());
-    if !valid_pod_range(&pod_cidr) {
-        return Err(bad(
-            "podCIDR",
-            format!(
-                "{pod_cidr:?} is neither {POD_RANGE_FROM_CLUSTER:?} nor an IPv4 CIDR like \
-                 10.88.0.0/16"
-            ),
-        ));
-    }
-    Ok(Some(NodeConfig {
-        images: parsed,
-        sandbox_image,
-        pod_cidr,
-    }))
-}
-
 fn first_line(s: &str) -> String {
     s.lines().next().unwrap_or_default().to_string()
 }
 
-/// RFC 1123 subdomain, as Kubernetes requires of Node names.
-pub fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-        })
-}
-
-fn is_kubernetes_version(s: &str) -> bool {
+pub(super) fn is_kubernetes_version(s: &str) -> bool {
     let Some(rest) = s.strip_prefix('v') else {
         return false;
     };

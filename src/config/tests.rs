@@ -257,7 +257,7 @@ fn dns_names() {
 }
 
 /// A kubeconfig with the cluster CA inline, as the kubelet settings need.
-fn kubeconfig_with_ca(dir: &Path) -> PathBuf {
+pub(super) fn kubeconfig_with_ca(dir: &Path) -> PathBuf {
     let p = dir.join("ca.kubeconfig");
     std::fs::write(
         &p,
@@ -287,9 +287,9 @@ fn node_images_come_with_the_kubelet_settings_and_cover_the_goal() {
     let full = format!("{base}{images}bootstrapTokenFile: {}\n", token.display());
     let c = Config::parse(&full, "h").expect("valid");
     let node = c.node.clone().expect("node settings");
-    assert_eq!(node.images.len(), 2);
+    assert_eq!(node.images.pins.len(), 2);
     assert_eq!(
-        node.images["v1.34.12"].pinned(),
+        node.images.pins["v1.34.12"].pinned(),
         format!("r.example:5000/node@sha256:{hex}")
     );
     assert_eq!(node.sandbox_image, DEFAULT_SANDBOX_IMAGE);

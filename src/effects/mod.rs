@@ -15,7 +15,7 @@ use crate::lifecycle::Timestamp;
 use crate::lifecycle::agent::{AgentBuild, InstallMode};
 use crate::lifecycle::agent::{ArchiveUrl, Sha256Hex, Slot};
 use crate::lifecycle::result::{MachinePhase, OpResult};
-use crate::lifecycle::state::{OpRef, Side};
+use crate::lifecycle::state::{Goal, OpRef, Side};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 
@@ -87,6 +87,9 @@ pub struct MachineTree {
     pub kubernetes_version: String,
     /// The node image it was unpacked from; `None`: the minimal tree, which runs no kubelet.
     pub image: Option<Sha256Hex>,
+    /// The Machine generation its kubelet's files were written for (the Node's labels and
+    /// taints); `None` in a minimal tree and in markers of older agents.
+    pub generation: Option<i64>,
 }
 
 /// The `Node` object's readiness, as its kubelet last reported it.
@@ -202,6 +205,9 @@ pub trait Containerd: Send + Sync {
     /// which the container units run (`effects::host::AGENT_IMAGE_NAME`); the name is removed
     /// with the image only if the agent pulled it.
     fn name_agent_image(&self, digest: &Sha256Hex) -> impl Future<Output = EffectResult> + Send;
+    /// The digest a tagged reference (`registry/repository:tag`) names at its registry now: a
+    /// node image pattern resolved, once, before the pull by that digest.
+    fn resolve_tag(&self, reference: &str) -> impl Future<Output = EffectResult<Sha256Hex>> + Send;
     /// [`Self::pull`] into the content store only, without snapshots: a node image, which is
     /// only ever unpacked into a machine's tree.
     fn pull_content(
@@ -271,12 +277,13 @@ pub trait Host: Send + Sync {
     /// An empty tree for `side`, for a node image to be unpacked into: whatever was there
     /// (half unpacked, another version) goes first. Its path as this process reaches it.
     fn clear_machine_tree(&self, side: Side) -> impl Future<Output = EffectResult<PathBuf>> + Send;
-    /// Finishes a tree unpacked from node image `image`: the kubelet's and containerd's
-    /// files, the machine's nspawn settings, then the marker.
+    /// Finishes a tree unpacked from node image `image` for `goal`: the kubelet's and
+    /// containerd's files (the Node's labels and taints among them), the machine's nspawn
+    /// settings, then the marker.
     fn complete_machine(
         &self,
         side: Side,
-        kubernetes_version: &str,
+        goal: &Goal,
         image: &Sha256Hex,
     ) -> impl Future<Output = EffectResult> + Send;
     fn remove_machine(&self, side: Side) -> impl Future<Output = EffectResult> + Send;

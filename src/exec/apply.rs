@@ -126,10 +126,7 @@ where
                 Ok(())
             }
             Effect::RestartAgent => self.restart_agent().await,
-            Effect::ProvisionMachine {
-                side,
-                kubernetes_version,
-            } => self.provision_machine(*side, kubernetes_version).await,
+            Effect::ProvisionMachine { side, goal } => self.provision_machine(*side, goal).await,
             Effect::StartMachine { side } => self.start_machine(*side).await,
             Effect::AwaitNode { side } => self.await_node(*side).await,
             Effect::StopMachine { side } => self.stop_machine(*side).await,

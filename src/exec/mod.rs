@@ -7,13 +7,12 @@ mod node;
 pub use apply::{start_agent, write_units};
 pub use node::NODE_READY_TIMEOUT;
 
-use crate::config::NodeImage;
+use crate::config::NodeImages;
 use crate::effects::{Containerd, EffectError, Effects, Host, Publisher, Systemd};
 use crate::lifecycle::agent::{AgentBuild, Sha256Hex};
 use crate::lifecycle::policy::Policy;
 use crate::lifecycle::{Input, NodeState, Refusal, Timestamp, step, table};
 use crate::store::{Intent, Store, StoreError};
-use std::collections::BTreeMap;
 
 /// Wall-clock time, injected so simulations control it.
 pub trait Clock: Send + Sync {
@@ -71,9 +70,9 @@ pub struct Runner<S, C, H, P, K> {
     restart_requested: bool,
     /// True for the agent daemon; false for CLI processes (join, reset, the recovery unit).
     daemon: bool,
-    /// The node image per Kubernetes version (the configuration's `nodeImages`); empty:
-    /// machines without a kubelet.
-    node_images: BTreeMap<String, NodeImage>,
+    /// The node images (the configuration's `nodeImages` and `nodeImage`); none: machines
+    /// without a kubelet.
+    node_images: NodeImages,
     /// Told that the executor makes progress: after each effect and while a long one waits
     /// (`AwaitNode`). The daemon feeds systemd's watchdog with it, so one step of several
     /// long effects (a repave) is not taken for a hung daemon.
@@ -105,7 +104,7 @@ where
             clock,
             restart_requested: false,
             daemon: true,
-            node_images: BTreeMap::new(),
+            node_images: NodeImages::default(),
             on_progress: None,
         }
     }
@@ -129,7 +128,7 @@ where
         self.daemon
     }
 
-    pub fn set_node_images(&mut self, images: BTreeMap<String, NodeImage>) {
+    pub fn set_node_images(&mut self, images: NodeImages) {
         self.node_images = images;
     }
 

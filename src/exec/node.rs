@@ -3,12 +3,14 @@
 //! kubelet's files), and the wait for that kubelet's Node to be Ready.
 
 use super::{Clock, Runner};
-use crate::config::NodeImage;
 use crate::effects::{
     Containerd, EffectError, EffectResult, Host, MACHINE_DROP_IN, NodeSeen, Publisher, Systemd,
     machine_unit,
 };
-use crate::lifecycle::state::Side;
+use crate::lifecycle::agent::Sha256Hex;
+use crate::lifecycle::kubelet::check_node_settings;
+use crate::lifecycle::state::{Goal, Side};
+use crate::store::MachineImage;
 use std::time::Duration;
 // Tokio's monotonic clock: a paused test runtime (the crash simulation's) lets a wait of
 // minutes pass at once.
@@ -28,31 +30,48 @@ where
     P: Publisher,
     K: Clock,
 {
-    /// `ProvisionMachine`. A tree already provisioned for `version` (from the image named
-    /// now, if one is) is done; anything else is built again from the start.
-    pub(super) async fn provision_machine(&self, side: Side, version: &str) -> EffectResult {
+    /// `ProvisionMachine`. A tree already provisioned for the goal from the image chosen for
+    /// it is done; anything else is built again from the start. Without node images the tree
+    /// is the minimal one.
+    pub(super) async fn provision_machine(&self, side: Side, goal: &Goal) -> EffectResult {
         let fx = &self.effects;
-        let image = self.node_image(version)?;
-        let tree = fx.host.machine_rootfs(side).await?;
-        let done = tree.as_ref().is_some_and(|t| {
-            t.kubernetes_version == version && t.image.as_ref() == image.map(|i| &i.digest)
+        let version = goal.kubernetes_version.as_str();
+        if self.node_images.is_empty() {
+            let done = fx
+                .host
+                .machine_rootfs(side)
+                .await?
+                .is_some_and(|t| t.kubernetes_version == version && t.image.is_none());
+            return match done {
+                true => Ok(()),
+                false => fx.host.provision_machine(side, version).await,
+            };
+        }
+        // Before anything is fetched: the Machine's labels and taints as a kubelet takes them.
+        check_node_settings(&goal.node)
+            .map_err(|m| EffectError::Failed(format!("the Machine's {m}")))?;
+        let image = self.choose_node_image(side, goal).await?;
+        let digest = Sha256Hex::parse(&image.digest).ok_or_else(|| {
+            EffectError::Failed(format!("the store's image for {}: bad digest", side.name()))
+        })?;
+        let done = fx.host.machine_rootfs(side).await?.is_some_and(|t| {
+            t.kubernetes_version == version
+                && t.image.as_ref() == Some(&digest)
+                && t.generation == Some(goal.generation)
         });
         if done {
             return Ok(());
         }
-        let Some(image) = image else {
-            return fx.host.provision_machine(side, version).await;
-        };
-        if !fx.containerd.image_present(&image.digest).await? {
-            tracing::info!(image = %image.pinned(), "pulling the node image");
+        if !fx.containerd.image_present(&digest).await? {
+            tracing::info!(image = %image.reference, "pulling the node image");
             fx.containerd
-                .pull_content(&image.pinned(), &image.digest)
+                .pull_content(&pull_reference(&image.reference), &digest)
                 .await?;
         }
         let dir = fx.host.clear_machine_tree(side).await?;
         let started = Instant::now();
-        tracing::info!(machine = side.name(), image = %image.pinned(), "unpacking the node image");
-        fx.containerd.unpack_image_into(&image.digest, &dir).await?;
+        tracing::info!(machine = side.name(), image = %image.reference, "unpacking the node image");
+        fx.containerd.unpack_image_into(&digest, &dir).await?;
         tracing::info!(
             machine = side.name(),
             secs = started.elapsed().as_secs(),
@@ -62,22 +81,82 @@ where
         fx.systemd
             .write_drop_in(&machine_unit(side), MACHINE_DROP_IN)
             .await?;
-        fx.host.complete_machine(side, version, &image.digest).await
+        fx.host.complete_machine(side, goal, &digest).await
     }
 
-    /// The configured node image for `version`; `None` when none is configured at all (a
-    /// machine without a kubelet). Images configured, but none for `version`: a failure.
-    fn node_image(&self, version: &str) -> EffectResult<Option<&NodeImage>> {
-        if self.node_images.is_empty() {
+    /// The node image for `goal` on `side`, recorded before anything is pulled (so a resumed
+    /// provisioning takes the same bytes):
+    /// 1. the `nodeImages` pin of the version, which wins;
+    /// 2. the image this side was given for this very goal before (a provisioning resumed, a
+    ///    repave tried again);
+    /// 3. the running side's image when the version is unchanged (new labels, the same
+    ///    bytes: a tag that moved never changes a node whose version did not);
+    /// 4. the `nodeImage` pattern's tag for the version, resolved to its digest now.
+    ///
+    /// A version with none fails here, before the running side is touched.
+    async fn choose_node_image(&self, side: Side, goal: &Goal) -> EffectResult<MachineImage> {
+        let version = goal.kubernetes_version.as_str();
+        let store_failed =
+            |e: crate::store::StoreError| EffectError::Failed(format!("the store: {e}"));
+        let chosen = |reference: String, digest: &str| MachineImage {
+            generation: goal.generation,
+            kubernetes_version: version.to_string(),
+            reference,
+            digest: digest.to_string(),
+            chosen_at: self.clock.now(),
+        };
+        let image = if let Some(pin) = self.node_images.pins.get(version) {
+            chosen(pin.pinned(), pin.digest.as_str())
+        } else if let Some(before) = self
+            .store
+            .machine_image(side)
+            .map_err(store_failed)?
+            .filter(|m| m.generation == goal.generation && m.kubernetes_version == version)
+        {
+            return Ok(before);
+        } else if let Some(running) = self.running_image(side.other(), version).await? {
+            chosen(running.reference, &running.digest)
+        } else {
+            let Some(pattern) = &self.node_images.pattern else {
+                let known: Vec<&str> = self.node_images.pins.keys().map(String::as_str).collect();
+                return Err(EffectError::Failed(format!(
+                    "no node image for Kubernetes {version}: the configuration's nodeImages \
+                     name {} and it has no nodeImage pattern",
+                    known.join(", ")
+                )));
+            };
+            let tagged = pattern.for_version(version);
+            let digest = self
+                .effects
+                .containerd
+                .resolve_tag(&tagged)
+                .await
+                .map_err(|e| {
+                    EffectError::Failed(format!("no node image for Kubernetes {version}: {e}"))
+                })?;
+            tracing::info!(image = %tagged, digest = %digest.oci(), "node image resolved");
+            chosen(format!("{tagged}@{}", digest.oci()), digest.as_str())
+        };
+        self.store
+            .record_machine_image(side, &image)
+            .map_err(store_failed)?;
+        Ok(image)
+    }
+
+    /// The image `side` runs if its tree is whole at `version` and unpacked from it.
+    async fn running_image(&self, side: Side, version: &str) -> EffectResult<Option<MachineImage>> {
+        let Some(image) = self
+            .store
+            .machine_image(side)
+            .map_err(|e| EffectError::Failed(format!("the store: {e}")))?
+            .filter(|m| m.kubernetes_version == version)
+        else {
             return Ok(None);
-        }
-        self.node_images.get(version).map(Some).ok_or_else(|| {
-            let known: Vec<&str> = self.node_images.keys().map(String::as_str).collect();
-            EffectError::Failed(format!(
-                "no node image for Kubernetes {version}: the configuration's nodeImages name {}",
-                known.join(", ")
-            ))
-        })
+        };
+        let tree = self.effects.host.machine_rootfs(side).await?;
+        Ok(tree
+            .filter(|t| t.image.as_ref().is_some_and(|d| d.as_str() == image.digest))
+            .map(|_| image))
     }
 
     /// `RemoveMachine`'s last part: the machine unit's drop-in.
@@ -190,5 +269,45 @@ fn describe(seen: Option<&NodeSeen>) -> String {
         None => "no Node registered yet".into(),
         Some(s) if s.reason.is_empty() => format!("Ready={}", s.ready),
         Some(s) => format!("Ready={} ({})", s.ready, s.reason),
+    }
+}
+
+/// What a pull by digest takes of a chosen reference: `registry/repository@sha256:…`, the tag
+/// a pattern named left out.
+fn pull_reference(chosen: &str) -> String {
+    match chosen.rsplit_once('@') {
+        Some((name, digest)) => {
+            let slash = name.rfind('/').unwrap_or(0);
+            let name = match name[slash..].rfind(':') {
+                Some(colon) => &name[..slash + colon],
+                None => name,
+            };
+            format!("{name}@{digest}")
+        }
+        None => chosen.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_chosen_reference_is_pulled_by_its_digest_alone() {
+        let d = format!("sha256:{}", "ab".repeat(32));
+        for (chosen, pulled) in [
+            (
+                format!("reg:5000/flexnode/node:v1.34.12@{d}"),
+                format!("reg:5000/flexnode/node@{d}"),
+            ),
+            (
+                format!("reg:5000/flexnode/node@{d}"),
+                format!("reg:5000/flexnode/node@{d}"),
+            ),
+            (
+                format!("reg.example/node@{d}"),
+                format!("reg.example/node@{d}"),
+            ),
+        ] {
+            assert_eq!(super::pull_reference(&chosen), pulled);
+        }
     }
 }

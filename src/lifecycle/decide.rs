@@ -58,10 +58,7 @@ mod tests {
     use super::*;
 
     fn goal(generation: i64) -> Goal {
-        Goal {
-            generation,
-            kubernetes_version: "v1.34.2".into(),
-        }
+        Goal::new(generation, "v1.34.2")
     }
 
     #[test]

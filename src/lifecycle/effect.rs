@@ -1,6 +1,6 @@
 //! Effects are data: the core says what should happen, the executor makes it happen.
 
-use super::state::{OpRef, Side};
+use super::state::{Goal, OpRef, Side};
 
 use super::agent::UpgradeTarget;
 use super::agent::{AgentBuild, InstallMode};
@@ -76,10 +76,12 @@ pub enum Effect {
     },
     /// Reset the agent unit's failure state and restart it now (recovery path).
     RestartAgent,
-    /// Build the rootfs of a side for a Kubernetes version.
+    /// Build the rootfs of a side for a goal: its Kubernetes version, and the Node's labels
+    /// and taints (older journals name the version alone).
     ProvisionMachine {
         side: Side,
-        kubernetes_version: String,
+        #[serde(flatten)]
+        goal: Goal,
     },
     StartMachine {
         side: Side,
@@ -177,10 +179,9 @@ impl fmt::Display for Effect {
             Self::DiscardCandidate { candidate } => write!(f, "({candidate})"),
             Self::SwitchAgent { to, .. } => write!(f, "({to})"),
             Self::ScheduleAgentRestart { delay_ms } => write!(f, "({delay_ms}ms)"),
-            Self::ProvisionMachine {
-                side,
-                kubernetes_version,
-            } => write!(f, "({} {kubernetes_version})", side.name()),
+            Self::ProvisionMachine { side, goal } => {
+                write!(f, "({} {})", side.name(), goal.kubernetes_version)
+            }
             Self::StartMachine { side }
             | Self::AwaitNode { side }
             | Self::StopMachine { side }

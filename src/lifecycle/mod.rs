@@ -12,6 +12,7 @@ pub mod effect;
 pub mod fault;
 pub mod input;
 pub mod kind;
+pub mod kubelet;
 pub mod policy;
 pub mod refusal;
 pub mod result;

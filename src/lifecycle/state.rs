@@ -7,6 +7,7 @@ use super::kind::ClaimKind;
 use super::result::MachinePhase;
 use super::time::Timestamp;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::fmt;
 
 /// The blue/green nspawn machines that run the kubelet.
@@ -60,8 +61,43 @@ pub struct OpRun {
 /// The node's goal as applied: the Machine generation is the settings version.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Goal {
+    /// Older stored effects (`ProvisionMachine`) lack it: 0, no Machine.
+    #[serde(default)]
     pub generation: i64,
     pub kubernetes_version: String,
+    /// Older stores lack it: no labels, no taints.
+    #[serde(default, skip_serializing_if = "NodeSettings::is_empty")]
+    pub node: NodeSettings,
+}
+
+impl Goal {
+    /// A goal of `kubernetes_version` at `generation` with no node settings.
+    pub fn new(generation: i64, kubernetes_version: &str) -> Self {
+        Self {
+            generation,
+            kubernetes_version: kubernetes_version.to_string(),
+            node: NodeSettings::default(),
+        }
+    }
+}
+
+/// What the Machine asks of its Node (`spec.kubernetes.nodeLabels`, `registerWithTaints`):
+/// the kubelet registers the Node with them, so they take effect when a side is provisioned
+/// (join, repave) and are checked there (`validate::node_settings`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeSettings {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// `key[=value]:Effect`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub taints: Vec<String>,
+}
+
+impl NodeSettings {
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty() && self.taints.is_empty()
+    }
 }
 
 /// Operation UIDs that already finished here, newest last; a second claim of one is refused

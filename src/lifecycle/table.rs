@@ -52,10 +52,7 @@ fn upgrade(url: &str) -> ClaimKind {
 }
 
 fn goal(generation: i64) -> Goal {
-    Goal {
-        generation,
-        kubernetes_version: format!("v1.3{}.0", 3 + generation),
-    }
+    Goal::new(generation, &format!("v1.3{}.0", 3 + generation))
 }
 
 /// The claim kinds the alphabet uses: every variant, and AgentUpgrade with a valid archive,

@@ -279,6 +279,21 @@ pub fn valid_pod_range(c: &str) -> bool {
         })
 }
 
+/// RFC 1123 subdomain, as Kubernetes requires of Node names.
+pub fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

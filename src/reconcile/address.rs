@@ -1,11 +1,30 @@
 //! Which MachineOperations are this node's, and what claiming one means (docs/design.md,
 //! "Reconciler").
 
+use crate::api::Machine;
 use crate::api::machine_operation::{MachineOperation, OperationKind, OperationPhase};
 use crate::lifecycle::input::{Claim, ClaimKind};
-use crate::lifecycle::state::OpRef;
+use crate::lifecycle::state::{Goal, NodeSettings, OpRef};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use std::collections::BTreeMap;
+
+/// The goal a Machine states: its generation, `spec.kubernetes.version` (`default_version`
+/// when it names none), and the labels and taints its Node registers with.
+pub fn goal(machine: &Machine, default_version: &str) -> Goal {
+    let k = machine.spec.kubernetes.as_ref();
+    Goal {
+        generation: machine.metadata.generation.unwrap_or(0),
+        kubernetes_version: k
+            .and_then(|k| k.version.clone())
+            .unwrap_or_else(|| default_version.to_string()),
+        node: NodeSettings {
+            labels: k.and_then(|k| k.node_labels.clone()).unwrap_or_default(),
+            taints: k
+                .and_then(|k| k.register_with_taints.clone())
+                .unwrap_or_default(),
+        },
+    }
+}
 
 /// `machineRef` names this node, or `machineSelector` matches `labels` (the Node's, or the
 /// Machine's when the Node does not exist; `None` when neither exists: not matched).

@@ -38,4 +38,4 @@ pub enum Msg {
 }
 
 /// The deletion taint (key kept for compatibility with the AKS Flex Node agent).
-pub const DELETION_TAINT: &str = "kubernetes.azure.com/flex-node-deleting";
+pub use crate::lifecycle::kubelet::DELETION_TAINT;

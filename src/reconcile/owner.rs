@@ -12,8 +12,8 @@ use crate::effects::{Containerd, Host, Systemd};
 use crate::exec::{Clock, ExecError, Fed, Progress, Runner, SystemClock};
 use crate::lifecycle::agent::AgentBuild;
 use crate::lifecycle::input::{GoalObservation, MachineObservation, NodeObservation};
-use crate::lifecycle::state::Goal;
 use crate::lifecycle::{Input, NodeState, Refusal};
+use crate::status_report::GoalSummary;
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::api::Api;
@@ -523,6 +523,12 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
         //   Machine's re-list can pair with the tainted Node the Node's watch still holds.
         // Only then: a node without a kubelet has no Node for good, and every tick would ask.
         let state = self.runner.state()?;
+        self.live.set_waiting_goal(match &self.machine {
+            Some(Some(m)) if self.goal_changed(&state) => {
+                Some(GoalSummary::of(&address::goal(m, "")))
+            }
+            _ => None,
+        });
         let repave = self.goal_changed(&state) && matches!(self.node, Some(None));
         if repave
             && let Some(Some(m)) = &self.machine
@@ -552,15 +558,7 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
         };
         let machine = match machine {
             None => MachineObservation::Missing,
-            Some(m) => MachineObservation::Present(Goal {
-                generation: m.metadata.generation.unwrap_or(0),
-                kubernetes_version: m
-                    .spec
-                    .kubernetes
-                    .as_ref()
-                    .and_then(|k| k.version.clone())
-                    .unwrap_or_default(),
-            }),
+            Some(m) => MachineObservation::Present(address::goal(m, "")),
         };
         let observed = GoalObservation { node, machine };
         let fed = self.feed(Input::GoalObserved(observed.clone())).await?;

@@ -5,7 +5,7 @@
 //! EOF: there is no request to parse, so no HTTP stack.
 
 use crate::reconcile::WatchCounters;
-use crate::status_report::DaemonSummary;
+use crate::status_report::{DaemonSummary, GoalSummary};
 use std::io::Read;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
@@ -24,9 +24,18 @@ pub fn socket_path(store: &Path) -> PathBuf {
 #[derive(Debug, Default)]
 pub struct Live {
     pub status_text: Mutex<String>,
+    /// The Machine's goal while the node has not applied it.
+    pub waiting_goal: Mutex<Option<GoalSummary>>,
 }
 
 impl Live {
+    /// The goal the Machine states while the node has not applied it; `None` once it has.
+    pub fn set_waiting_goal(&self, goal: Option<GoalSummary>) {
+        if let Ok(mut g) = self.waiting_goal.lock() {
+            *g = goal;
+        }
+    }
+
     /// Sets STATUS's text; whether it changed.
     pub fn set_status(&self, text: &str) -> bool {
         match self.status_text.lock() {
@@ -48,6 +57,11 @@ impl Live {
                 .unwrap_or_default(),
             watches_synced: counters.synced(),
             watches_connected: counters.connected(),
+            waiting_goal: self
+                .waiting_goal
+                .lock()
+                .map(|g| g.clone())
+                .unwrap_or_default(),
         }
     }
 }

@@ -10,7 +10,7 @@ use crate::effects::{
 use crate::lifecycle::Timestamp;
 use crate::lifecycle::agent::{AgentBuild, ArchiveUrl, InstallMode, Sha256Hex, Slot};
 use crate::lifecycle::result::{MachinePhase, OpResult};
-use crate::lifecycle::state::{OpRef, Side};
+use crate::lifecycle::state::{Goal, OpRef, Side};
 use std::path::{Path, PathBuf};
 
 /// Where the simulated machine trees are (a name only: nothing is written).
@@ -312,6 +312,15 @@ impl Containerd for SimHost {
         }
     }
 
+    async fn resolve_tag(&self, reference: &str) -> EffectResult<Sha256Hex> {
+        self.read("resolve_tag", reference)?;
+        self.world()
+            .tags
+            .get(reference)
+            .and_then(|d| Sha256Hex::parse(d))
+            .ok_or_else(|| EffectError::Failed(format!("image {reference}: not found")))
+    }
+
     async fn pull_content(&self, reference: &str, digest: &Sha256Hex) -> EffectResult {
         Containerd::pull(self, reference, digest).await
     }
@@ -462,6 +471,7 @@ impl Host for SimHost {
             .map(|kubernetes_version| MachineTree {
                 kubernetes_version,
                 image: m.image.as_deref().and_then(Sha256Hex::parse),
+                generation: m.generation,
             }))
     }
 
@@ -477,17 +487,13 @@ impl Host for SimHost {
             let m = w.machine(side);
             m.kubernetes_version = None;
             m.image = None;
+            m.generation = None;
             m.unpacked = None;
             Ok(Path::new(SIM_MACHINES).join(side.name()))
         })
     }
 
-    async fn complete_machine(
-        &self,
-        side: Side,
-        kubernetes_version: &str,
-        image: &Sha256Hex,
-    ) -> EffectResult {
+    async fn complete_machine(&self, side: Side, goal: &Goal, image: &Sha256Hex) -> EffectResult {
         self.run("complete_machine", side.name(), |w| {
             let m = w.machine(side);
             if m.unpacked.as_deref() != Some(image.as_str()) {
@@ -497,8 +503,9 @@ impl Host for SimHost {
                     image.oci()
                 )));
             }
-            m.kubernetes_version = Some(kubernetes_version.to_string());
+            m.kubernetes_version = Some(goal.kubernetes_version.clone());
             m.image = Some(image.as_str().to_string());
+            m.generation = Some(goal.generation);
             Ok(())
         })
     }
@@ -508,6 +515,7 @@ impl Host for SimHost {
             let m = w.machine(side);
             m.kubernetes_version = Some(kubernetes_version.to_string());
             m.image = None;
+            m.generation = None;
             Ok(())
         })
     }
@@ -517,6 +525,7 @@ impl Host for SimHost {
             let m = w.machine(side);
             m.kubernetes_version = None;
             m.image = None;
+            m.generation = None;
             m.unpacked = None;
             m.running = false;
             m.started_at = None;

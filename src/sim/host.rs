@@ -186,6 +186,13 @@ impl SimHost {
         self.world().registry.insert(digest.to_string(), build);
     }
 
+    /// The registry's tag `reference` (`registry/repository:tag`) names `digest` (hex).
+    pub fn tag_image(&self, reference: &str, digest: &str) {
+        self.world()
+            .tags
+            .insert(reference.to_string(), digest.to_string());
+    }
+
     pub fn inject(&self, call: &'static str, kind: FaultKind, nth: u32) {
         self.world().faults.push(Fault { call, kind, nth });
     }

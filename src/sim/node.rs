@@ -4,7 +4,7 @@
 
 use super::host::SimHost;
 use super::world::{PlannedCrash, World};
-use crate::config::NodeImage;
+use crate::config::NodeImages;
 use crate::effects::Effects;
 use crate::exec::{Clock, ExecError, Fed, Runner};
 use crate::lifecycle::agent::{AgentBuild, InstallMode, Slot};
@@ -13,7 +13,6 @@ use crate::lifecycle::input::{Claim, ClaimKind, JoinRequest};
 use crate::lifecycle::state::{Goal, OpRef};
 use crate::lifecycle::{Input, NodeState, Timestamp};
 use crate::store::Store;
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -79,7 +78,7 @@ pub struct SimNode {
     /// is a restart of the agent, which an interrupted restart effect may count as done.
     pub daemon_restarts: u32,
     /// The configuration's node images, given to every process's executor.
-    pub node_images: BTreeMap<String, NodeImage>,
+    pub node_images: NodeImages,
     /// The last process died for good: nothing restarts it until someone starts one.
     stays_down: bool,
 }
@@ -97,7 +96,7 @@ impl SimNode {
             runner: None,
             crashes: 0,
             daemon_restarts: 0,
-            node_images: BTreeMap::new(),
+            node_images: NodeImages::default(),
             stays_down: false,
         }
     }
@@ -412,10 +411,7 @@ impl SimNode {
 
     /// The node saved in `dir`, configured with `node_images`, its process (if one ran)
     /// started again with its memory.
-    pub fn restore(
-        dir: &Path,
-        node_images: BTreeMap<String, NodeImage>,
-    ) -> Result<SimNode, SimError> {
+    pub fn restore(dir: &Path, node_images: NodeImages) -> Result<SimNode, SimError> {
         let text = std::fs::read_to_string(dir.join("world.json"))
             .map_err(|e| SimError::Saved(e.to_string()))?;
         let saved: Saved =
@@ -436,7 +432,7 @@ impl SimNode {
             runner: None,
             crashes: 0,
             daemon_restarts: 0,
-            node_images: BTreeMap::new(),
+            node_images: NodeImages::default(),
             stays_down: false,
         }
     }
@@ -471,10 +467,7 @@ impl SimNode {
             node_name: node.into(),
             mode,
             arch: Arch::Amd64,
-            goal: Goal {
-                generation: 1,
-                kubernetes_version: GOAL_VERSION.into(),
-            },
+            goal: Goal::new(1, GOAL_VERSION),
             agent,
         });
         for _ in 0..32 {

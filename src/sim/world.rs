@@ -56,6 +56,9 @@ pub struct SimMachine {
     pub kubernetes_version: Option<String>,
     /// The node image its tree was unpacked from (hex digest); `None`: the minimal tree.
     pub image: Option<String>,
+    /// The Machine generation its files were written for.
+    #[serde(default)]
+    pub generation: Option<i64>,
     /// An image unpacked into the tree, not completed yet.
     pub unpacked: Option<String>,
     /// Its unit (an instance of systemd's own template) is enabled.
@@ -167,6 +170,9 @@ pub struct World {
     pub artifacts: BTreeMap<String, (String, Build)>,
     /// What the registry serves: digest → build.
     pub registry: BTreeMap<String, Build>,
+    /// The registry's tags: `registry/repository:tag` → hex digest.
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
     /// Scheduled restarts, until a harness takes them (fired or not).
     pub restart_timers: Vec<RestartTimer>,
     /// `restart` calls on the agent unit.

@@ -6,6 +6,7 @@
 
 pub mod fault;
 pub mod journal;
+pub mod machine_images;
 pub mod migrations;
 pub mod operations;
 
@@ -17,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use journal::JournalEntry;
+pub use machine_images::MachineImage;
 pub use operations::StoredResult;
 
 pub const DEFAULT_PATH: &str = "/var/lib/flexnode/state.db";

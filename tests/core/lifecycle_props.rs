@@ -337,17 +337,14 @@ fn input_strategy(secret: String) -> impl Strategy<Value = Input> {
             parameters: BTreeMap::from([("downloadURL".to_string(), u), ("sha256".to_string(), s)])
         }),
     ];
-    let goals = (0i64..3).prop_map(|g| Goal {
-        generation: g,
-        kubernetes_version: "v1.34.2".into(),
-    });
+    let goals = (0i64..3).prop_map(|g| Goal::new(g, "v1.34.2"));
     prop_oneof![
         1 => prop::sample::select(vec![InstallMode::Host, InstallMode::Container]).prop_map(|mode| {
             Input::Join(JoinRequest {
                 node_name: "n".into(),
                 mode,
                 arch: Arch::Amd64,
-                goal: Goal { generation: 1, kubernetes_version: "v1.34.1".into() },
+                goal: Goal::new(1, "v1.34.1"),
                 agent: match mode {
                     InstallMode::Host => AgentBuild::Slot { slot: Slot::Blue },
                     InstallMode::Container => AgentBuild::Image { digest: digest(DIGEST_INSTALLED) },

@@ -36,10 +36,7 @@ fn image(h: &str) -> AgentBuild {
     AgentBuild::Image { digest: digest(h) }
 }
 fn goal(generation: i64) -> Goal {
-    Goal {
-        generation,
-        kubernetes_version: format!("v1.34.{generation}"),
-    }
+    Goal::new(generation, &format!("v1.34.{generation}"))
 }
 fn op(uid: &str) -> OpRef {
     OpRef {

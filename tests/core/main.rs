@@ -15,6 +15,7 @@ mod ignition;
 mod layers;
 mod lifecycle_props;
 mod lifecycle_table;
+mod node_images;
 mod pointers;
 mod simulation;
 mod store;

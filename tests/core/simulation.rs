@@ -47,6 +47,7 @@ async fn joined_with_kubelet(dir: &tempfile::TempDir) -> SimNode {
     let mut node = SimNode::new(&dir.path().join("state/state.db"), T0);
     node.host.serve_image(NODE_IMAGE, v2(false));
     node.node_images
+        .pins
         .insert(flexnode::sim::GOAL_VERSION.to_string(), node_image());
     node.join(InstallMode::Host, "edge-07").await.expect("join");
     node.boot().await.expect("daemon starts");
@@ -143,7 +144,9 @@ async fn join_from_a_node_image_pulls_unpacks_and_waits_for_the_node() {
 async fn a_kubernetes_version_without_a_node_image_fails_the_join_by_name() {
     let dir = tempfile::tempdir().expect("tmp");
     let mut node = SimNode::new(&dir.path().join("state/state.db"), T0);
-    node.node_images.insert("v1.0.0".to_string(), node_image());
+    node.node_images
+        .pins
+        .insert("v1.0.0".to_string(), node_image());
     node.join(InstallMode::Host, "edge-07")
         .await
         .expect("join runs");
@@ -452,10 +455,7 @@ async fn repave_rolls_back_when_the_new_side_fails_after_the_old_one_stopped() {
     let observe = |generation| {
         Input::GoalObserved(GoalObservation {
             node: NodeObservation::Absent,
-            machine: MachineObservation::Present(Goal {
-                generation,
-                kubernetes_version: "v1.34.3".into(),
-            }),
+            machine: MachineObservation::Present(Goal::new(generation, "v1.34.3")),
         })
     };
     node.feed(observe(2)).await.expect("observe");

@@ -316,7 +316,20 @@ async fn a_side_is_provisioned_from_a_node_image_with_its_kubelet_files(flavor: 
         registry_credentials_file: None,
         sandbox_image: flexnode::config::DEFAULT_SANDBOX_IMAGE.into(),
         pod_cidr: "10.88.0.0/16".into(),
+        tuning: flexnode::config::KubeletTuning {
+            max_pods: Some(42),
+            cluster_dns: vec![std::net::IpAddr::from([10, 96, 0, 10])],
+            ..Default::default()
+        },
     });
+    // The Machine's settings for its Node.
+    let goal = flexnode::lifecycle::state::Goal {
+        node: flexnode::lifecycle::state::NodeSettings {
+            labels: [("team".to_string(), "blue".to_string())].into(),
+            taints: vec!["dedicated=edge:NoSchedule".into()],
+        },
+        ..flexnode::lifecycle::state::Goal::new(3, "v1.34.12")
+    };
     // Something half unpacked before: cleared first.
     let tree = root.join("var/lib/machines/kube1");
     std::fs::create_dir_all(tree.join("stale")).expect("stale");
@@ -332,7 +345,7 @@ async fn a_side_is_provisioned_from_a_node_image_with_its_kubelet_files(flavor: 
         Ok(None),
         "no marker before complete"
     );
-    host.complete_machine(Side::Kube1, "v1.34.12", &digest)
+    host.complete_machine(Side::Kube1, &goal, &digest)
         .await
         .expect("complete");
     assert_eq!(
@@ -340,7 +353,22 @@ async fn a_side_is_provisioned_from_a_node_image_with_its_kubelet_files(flavor: 
         Ok(Some(MachineTree {
             kubernetes_version: "v1.34.12".into(),
             image: Some(digest.clone()),
+            generation: Some(3),
         }))
+    );
+    // The goal's labels and taints and the configuration's settings, in the kubelet's files
+    // (through the image's own link for etc/kubernetes).
+    let env = std::fs::read_to_string(tree.join("etc/kubernetes-image/kubelet.env")).expect("env");
+    assert!(env.contains(" --node-labels=team=blue\n"), "{env}");
+    let config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(tree.join("etc/kubernetes-image/kubelet.yaml")).expect("config"),
+    )
+    .expect("json");
+    assert_eq!(config["maxPods"], 42);
+    assert_eq!(config["clusterDNS"], serde_json::json!(["10.96.0.10"]));
+    assert_eq!(
+        config["registerWithTaints"],
+        serde_json::json!([{"key": "dedicated", "value": "edge", "effect": "NoSchedule"}])
     );
     let kubeconfig = tree.join("etc/kubernetes-image/bootstrap.kubeconfig");
     let meta = std::fs::metadata(&kubeconfig).expect("the kubeconfig through the image's link");
@@ -380,7 +408,7 @@ async fn a_side_is_provisioned_from_a_node_image_with_its_kubelet_files(flavor: 
     Containerd::unpack_image_into(&agent, &digest, &kube2)
         .await
         .expect("unpack kube2");
-    host.complete_machine(Side::Kube2, "v1.34.12", &digest)
+    host.complete_machine(Side::Kube2, &goal, &digest)
         .await
         .expect("complete kube2");
     for (rel, want) in [

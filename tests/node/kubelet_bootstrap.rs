@@ -260,17 +260,21 @@ fn the_machine_files_bootstrap_the_real_kubelet() {
     std::fs::write(&token_file, format!("{token}\n")).expect("token file");
     let (server, ca_pem) =
         flexnode::config::kubeconfig_cluster(&lab.dir.join("admin.kubeconfig")).expect("cluster");
-    let files = files_from(&KubeletInputs {
-        node_name: "machine-files-1".into(),
-        server,
-        ca_pem,
-        credential: flexnode::effects::host::KubeletSource::BootstrapTokenFile(token_file),
-        trusted_ca_file: None,
-        registry_credentials_file: None,
-        // Pinned, as every image the node pulls; nothing pulls it here (no runtime).
-        sandbox_image: format!("flexnode.invalid/pause:lab@sha256:{}", "0".repeat(64)),
-        pod_cidr: "10.88.0.0/16".into(),
-    })
+    let files = files_from(
+        &KubeletInputs {
+            node_name: "machine-files-1".into(),
+            server,
+            ca_pem,
+            credential: flexnode::effects::host::KubeletSource::BootstrapTokenFile(token_file),
+            trusted_ca_file: None,
+            registry_credentials_file: None,
+            // Pinned, as every image the node pulls; nothing pulls it here (no runtime).
+            sandbox_image: format!("flexnode.invalid/pause:lab@sha256:{}", "0".repeat(64)),
+            pod_cidr: "10.88.0.0/16".into(),
+            tuning: Default::default(),
+        },
+        &Default::default(),
+    )
     .expect("files");
     let root = &work.path().join("machine");
     let moved = |text: &str| {

@@ -75,6 +75,10 @@ impl Containerd for LazyContainerd {
         self.client().await?.name_agent_image(digest).await
     }
 
+    async fn resolve_tag(&self, reference: &str) -> EffectResult<Sha256Hex> {
+        self.client().await?.resolve_tag(reference).await
+    }
+
     async fn pull_content(&self, reference: &str, digest: &Sha256Hex) -> EffectResult {
         self.client().await?.pull_content(reference, digest).await
     }

@@ -305,6 +305,10 @@ impl Containerd for GrpcContainerd {
         GrpcContainerd::check_image(self, digest).await
     }
 
+    async fn resolve_tag(&self, reference: &str) -> EffectResult<Sha256Hex> {
+        GrpcContainerd::resolve_tag(self, reference).await
+    }
+
     async fn pull_content(&self, reference: &str, digest: &Sha256Hex) -> EffectResult {
         let pulled = self.pull_image_content(reference, digest).await?;
         tracing::info!(image = %pulled.name, manifest = %pulled.manifest_digest, "image pulled");

@@ -3,7 +3,7 @@
 
 use super::manifest::{Manifest, config_diff_ids, is_index, media_type_of, pick_platform};
 use super::progress::PullTracker;
-use super::registry::{BlobKind, Registry, RegistryRef};
+use super::registry::{BlobKind, Registry, RegistryRef, Repo};
 use super::{
     GrpcContainerd, MAX_SMALL_BLOB, PULLED_BY_LABEL, PULLED_BY_VALUE, PulledImage, WRITE_CHUNK,
     chain_ids, grpc_failed, is_agent_pulled, len_i64, parse_json, verify,
@@ -51,6 +51,14 @@ impl GrpcContainerd {
         self.pull_with(reference, digest, Snapshots::Skip).await
     }
 
+    /// The digest a tagged reference (`registry/repository:tag`) names at its registry now.
+    pub async fn resolve_tag(&self, reference: &str) -> EffectResult<Sha256Hex> {
+        let (repo, tag) = Repo::parse_tagged(reference)?;
+        Registry::new(repo, &self.registry, self.io_timeout)
+            .digest_of(&tag)
+            .await
+    }
+
     async fn pull_with(
         &self,
         reference: &str,
@@ -58,7 +66,7 @@ impl GrpcContainerd {
         snapshots: Snapshots,
     ) -> EffectResult<PulledImage> {
         let reg = Registry::new(
-            RegistryRef::parse(reference, digest)?,
+            RegistryRef::parse(reference, digest)?.repo(),
             &self.registry,
             self.io_timeout,
         );
@@ -89,7 +97,7 @@ impl GrpcContainerd {
             .await?;
         }
         // The image record, last.
-        let name = reg.rr.pinned();
+        let name = reg.rr.at(&digest.oci());
         self.ensure_record(&name, &image.top_desc, lease).await?;
         Ok(PulledImage {
             name,

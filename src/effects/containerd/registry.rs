@@ -74,6 +74,44 @@ impl RegistryRef {
                 digest.oci()
             )));
         }
+        let repo = Repo::parse(name, "tags are not allowed")?;
+        Ok(Self {
+            registry: repo.registry,
+            repository: repo.repository,
+            digest: pinned,
+        })
+    }
+
+    /// `registry/repository`, as messages name the image.
+    pub fn display(&self) -> String {
+        self.repo().display()
+    }
+
+    /// `registry/repository@sha256:…`, the image record's name and what is pulled.
+    pub fn pinned(&self) -> String {
+        self.repo().at(&self.digest.oci())
+    }
+
+    pub(super) fn repo(&self) -> Repo {
+        Repo {
+            registry: self.registry.clone(),
+            repository: self.repository.clone(),
+        }
+    }
+}
+
+/// A registry and a repository in it: what a session is opened for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Repo {
+    pub(super) registry: String,
+    pub(super) repository: String,
+}
+
+impl Repo {
+    /// `registry/repository`, checked as the pull needs it; `tagged` says what follows in the
+    /// reference when the repository has a colon.
+    fn parse(name: &str, tagged: &str) -> EffectResult<Self> {
+        let bad = |why: &str| EffectError::Failed(format!("image reference: {why}"));
         let (registry, repository) = name
             .split_once('/')
             .ok_or_else(|| bad("no registry host"))?;
@@ -95,26 +133,37 @@ impl RegistryRef {
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-/".contains(&b))
             || repository.split('/').any(str::is_empty)
         {
-            return Err(bad("invalid repository name (tags are not allowed)"));
+            return Err(bad(&format!("invalid repository name ({tagged})")));
         }
         Ok(Self {
             registry: registry.to_string(),
             repository: repository.to_string(),
-            digest: pinned,
         })
     }
 
-    /// `registry/repository`, as messages name the image.
-    pub fn display(&self) -> String {
+    /// `registry/repository:tag`, as a node image pattern names one before it is resolved.
+    pub(super) fn parse_tagged(reference: &str) -> EffectResult<(Self, String)> {
+        let bad = |why: &str| EffectError::Failed(format!("image reference: {why}"));
+        let (name, tag) = reference
+            .rsplit_once(':')
+            .filter(|(_, tag)| !tag.contains('/'))
+            .ok_or_else(|| bad("no tag (registry/repository:tag)"))?;
+        let tag_ok = !tag.is_empty()
+            && tag.len() <= 128
+            && tag
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+        if !tag_ok {
+            return Err(bad("invalid tag"));
+        }
+        Ok((Self::parse(name, "one tag only")?, tag.to_string()))
+    }
+
+    pub(super) fn display(&self) -> String {
         format!("{}/{}", self.registry, self.repository)
     }
 
-    /// `registry/repository@sha256:…`, the image record's name and what is pulled.
-    pub fn pinned(&self) -> String {
-        self.at(&self.digest.oci())
-    }
-
-    fn at(&self, digest: &str) -> String {
+    pub(super) fn at(&self, digest: &str) -> String {
         format!("{}/{}@{digest}", self.registry, self.repository)
     }
 
@@ -193,14 +242,14 @@ fn stream_error(e: &std::io::Error) -> String {
 /// One registry and repository to pull from. Connected and authenticated on the first fetch
 /// (so a pull whose content is all in the store never needs the network), then reused.
 pub(super) struct Registry {
-    pub(super) rr: RegistryRef,
+    pub(super) rr: Repo,
     config: RegistryConfig,
     timeout: Duration,
     session: OnceCell<(Client, RegistryAuth)>,
 }
 
 impl Registry {
-    pub(super) fn new(rr: RegistryRef, config: &RegistryConfig, timeout: Duration) -> Self {
+    pub(super) fn new(rr: Repo, config: &RegistryConfig, timeout: Duration) -> Self {
         Self {
             rr,
             config: config.clone(),
@@ -273,8 +322,11 @@ impl Registry {
             }
         };
         let auth = credentials(self.config.credentials.as_deref(), &rr.registry)?;
+        // The scope is the repository's; the tag stands for any.
+        let scope =
+            Reference::with_tag(rr.registry.clone(), rr.repository.clone(), "latest".into());
         client
-            .auth(&reference(&rr.pinned())?, &auth, RegistryOperation::Pull)
+            .auth(&scope, &auth, RegistryOperation::Pull)
             .await
             .map_err(|e| failed(oci_error(&e)))?;
         Ok((client, auth))
@@ -293,6 +345,26 @@ impl Registry {
             Err(e) if not_tls(&e) => Ok(false),
             Err(e) => Err(describe(&e)),
         }
+    }
+
+    /// The digest `tag` names at the registry now (a HEAD of its manifest). The answer is
+    /// only a name: what is then pulled by it is checked against it.
+    pub(super) async fn digest_of(&self, tag: &str) -> EffectResult<Sha256Hex> {
+        let failed =
+            |why: String| EffectError::Failed(format!("image {}:{tag}: {why}", self.rr.display()));
+        let (client, auth) = self.session().await?;
+        let tagged = Reference::with_tag(
+            self.rr.registry.clone(),
+            self.rr.repository.clone(),
+            tag.to_string(),
+        );
+        let digest = client
+            .fetch_manifest_digest(&tagged, auth)
+            .await
+            .map_err(|e| failed(oci_error(&e)))?;
+        Sha256Hex::parse(&digest)
+            .filter(|_| digest.starts_with("sha256:"))
+            .ok_or_else(|| failed("the registry named no sha256 digest".into()))
     }
 
     pub(super) async fn fetch(&self, kind: BlobKind, digest: &str) -> EffectResult<Fetched> {
@@ -550,7 +622,7 @@ mod tests {
         ] {
             let r = RegistryRef::parse(&format!("{reg}/a@{}", d.oci()), &d)
                 .unwrap_or_else(|e| panic!("{reg}: {e}"));
-            assert_eq!(r.plain_http_allowed(), plain, "{reg}");
+            assert_eq!(r.repo().plain_http_allowed(), plain, "{reg}");
         }
     }
 

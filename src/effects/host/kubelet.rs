@@ -11,6 +11,10 @@ use super::kubelet_plugin::{KUBELET_EXEC_KUBECONFIG, KubeletPlugin, kubelet_kube
 use crate::effects::containerd::basic_credentials;
 use crate::effects::fs::read_small;
 use crate::effects::{EffectError, EffectResult};
+use crate::lifecycle::kubelet::{
+    DEFAULT_CLUSTER_DOMAIN, KubeletTuning, check_node_settings, taint_parts,
+};
+use crate::lifecycle::state::NodeSettings;
 use crate::lifecycle::validate::{
     POD_RANGE_FROM_CLUSTER, parse_pinned_image, valid_bootstrap_token, valid_pod_range,
 };
@@ -47,6 +51,10 @@ pub struct KubeletSettings<'a> {
     pub pod_cidr: &'a str,
     /// The node's address (`--node-ip`); `None`: the kubelet finds one (or reports none).
     pub node_ip: Option<std::net::IpAddr>,
+    /// The Machine's labels and taints for the Node.
+    pub node: &'a NodeSettings,
+    /// The configuration's kubelet settings (its `nodeIP` is `node_ip` here).
+    pub tuning: &'a KubeletTuning,
     /// Registries the machine's containerd pulls from (the sandbox image's among them), with
     /// the credentials the agent's registry file has for them.
     pub registries: Vec<RegistryAccess>,
@@ -79,6 +87,7 @@ pub struct KubeletInputs {
     pub registry_credentials_file: Option<PathBuf>,
     pub sandbox_image: String,
     pub pod_cidr: String,
+    pub tuning: KubeletTuning,
 }
 
 /// A file of the machine's tree: its path relative to the tree, contents, mode.
@@ -102,6 +111,11 @@ pub enum KubeletSettingsError {
     Server,
     #[error("the registry host {0:?} is not a host[:port]")]
     Registry(String),
+    /// The Machine's labels or taints (the message names the field).
+    #[error("{0}")]
+    NodeSettings(String),
+    #[error("{0}: {1}")]
+    Tuning(String, String),
 }
 
 fn file(path: &str, contents: String, mode: u32) -> MachineFile {
@@ -141,6 +155,10 @@ fn validate(s: &KubeletSettings) -> Result<(), KubeletSettingsError> {
             return Err(KubeletSettingsError::Registry(r.host.clone()));
         }
     }
+    check_node_settings(s.node).map_err(KubeletSettingsError::NodeSettings)?;
+    s.tuning
+        .check()
+        .map_err(|(key, why)| KubeletSettingsError::Tuning(key, why))?;
     Ok(())
 }
 
@@ -183,28 +201,27 @@ pub fn machine_files(s: &KubeletSettings) -> Result<Vec<MachineFile>, KubeletSet
     };
     // A client certificate to rotate only when the kubelet made one from the token.
     let rotate = matches!(s.credential, KubeletCredential::BootstrapToken(_));
-    let config = serde_json::json!({
-        "apiVersion": "kubelet.config.k8s.io/v1beta1",
-        "kind": "KubeletConfiguration",
-        "authentication": {
-            "anonymous": {"enabled": false},
-            "webhook": {"enabled": true},
-            "x509": {"clientCAFile": "/etc/kubernetes/ca.crt"},
-        },
-        "authorization": {"mode": "Webhook"},
-        "cgroupDriver": "systemd",
-        "containerRuntimeEndpoint": "unix:///run/containerd/containerd.sock",
-        "rotateCertificates": rotate,
-        "clusterDomain": "cluster.local",
-    });
+    let config = kubelet_configuration(s, rotate);
     let args = ["--config=/etc/kubernetes/kubelet.yaml", &kubeconfig_args];
-    // The node name is a DNS-1123 subdomain (config validation): no quoting needed.
+    // The node name is a DNS-1123 subdomain (config validation) and labels are checked
+    // (`check_node_settings`): no quoting needed. Labels have no field in the configuration.
     let node_ip = s
         .node_ip
         .map(|ip| format!(" --node-ip={ip}"))
         .unwrap_or_default();
+    let labels = if s.node.labels.is_empty() {
+        String::new()
+    } else {
+        let pairs: Vec<String> = s
+            .node
+            .labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        format!(" --node-labels={}", pairs.join(","))
+    };
     let env = format!(
-        "# flexnode: the kubelet's arguments.\nKUBELET_ARGS={} --hostname-override={}{node_ip}\n",
+        "# flexnode: the kubelet's arguments.\nKUBELET_ARGS={} --hostname-override={}{node_ip}{labels}\n",
         args.join(" "),
         s.node_name
     );
@@ -245,6 +262,70 @@ pub fn machine_files(s: &KubeletSettings) -> Result<Vec<MachineFile>, KubeletSet
     }
     files.push(file(KUBELET_ENV, env, 0o644));
     Ok(files)
+}
+
+/// The kubelet's `KubeletConfiguration`: what it needs in a machine, the configuration's
+/// settings, the Machine's taints.
+fn kubelet_configuration(s: &KubeletSettings, rotate: bool) -> serde_json::Value {
+    let t = s.tuning;
+    let mut config = serde_json::json!({
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "authentication": {
+            "anonymous": {"enabled": false},
+            "webhook": {"enabled": true},
+            "x509": {"clientCAFile": "/etc/kubernetes/ca.crt"},
+        },
+        "authorization": {"mode": "Webhook"},
+        "cgroupDriver": "systemd",
+        "containerRuntimeEndpoint": "unix:///run/containerd/containerd.sock",
+        "rotateCertificates": rotate,
+        "clusterDomain": t.cluster_domain.as_deref().unwrap_or(DEFAULT_CLUSTER_DOMAIN),
+    });
+    let mut set = |key: &str, value: serde_json::Value| {
+        if let Some(map) = config.as_object_mut() {
+            map.insert(key.to_string(), value);
+        }
+    };
+    if let Some(n) = t.max_pods {
+        set("maxPods", n.into());
+    }
+    for (key, map) in [
+        ("systemReserved", &t.system_reserved),
+        ("kubeReserved", &t.kube_reserved),
+        ("evictionHard", &t.eviction_hard),
+    ] {
+        if !map.is_empty() {
+            set(key, serde_json::json!(map));
+        }
+    }
+    if let Some(p) = t.image_gc_high_threshold_percent {
+        set("imageGCHighThresholdPercent", p.into());
+    }
+    if let Some(p) = t.image_gc_low_threshold_percent {
+        set("imageGCLowThresholdPercent", p.into());
+    }
+    if !t.cluster_dns.is_empty() {
+        let ips: Vec<String> = t.cluster_dns.iter().map(ToString::to_string).collect();
+        set("clusterDNS", serde_json::json!(ips));
+    }
+    let taints: Vec<serde_json::Value> = s
+        .node
+        .taints
+        .iter()
+        .filter_map(|taint| taint_parts(taint))
+        .map(|(key, value, effect)| {
+            let mut t = serde_json::json!({"key": key, "effect": effect});
+            if !value.is_empty() {
+                t["value"] = value.into();
+            }
+            t
+        })
+        .collect();
+    if !taints.is_empty() {
+        set("registerWithTaints", taints.into());
+    }
+    config
 }
 
 /// containerd's CRI settings: the sandbox image, the OOM-score restriction, systemd cgroups,
@@ -344,7 +425,7 @@ const REGISTRY_CA: &str = "etc/containerd/flexnode-registry-ca.pem";
 
 /// The machine's files from `inputs`: the token from its file, the registries' credentials
 /// from the agent's. Errors name files, never their contents.
-pub fn files_from(inputs: &KubeletInputs) -> EffectResult<Vec<MachineFile>> {
+pub fn files_from(inputs: &KubeletInputs, node: &NodeSettings) -> EffectResult<Vec<MachineFile>> {
     let read = |path: &Path| -> EffectResult<String> {
         read_small(path, 1 << 20, true)?
             .ok_or_else(|| EffectError::Failed(format!("{}: not found", path.display())))
@@ -410,7 +491,12 @@ pub fn files_from(inputs: &KubeletInputs) -> EffectResult<Vec<MachineFile>> {
         credential,
         sandbox_image: &inputs.sandbox_image,
         pod_cidr: &inputs.pod_cidr,
-        node_ip: address_towards(&inputs.server),
+        node_ip: inputs
+            .tuning
+            .node_ip
+            .or_else(|| address_towards(&inputs.server)),
+        node,
+        tuning: &inputs.tuning,
         registries,
         registry_ca_pem: registry_ca.as_deref(),
         // The machine is started by the host's init, so its bounding set is the machine's. In

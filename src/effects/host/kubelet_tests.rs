@@ -17,8 +17,17 @@ fn settings(token: &str) -> KubeletSettings<'_> {
         }],
         registry_ca_pem: Some(b"-----BEGIN CERTIFICATE-----\nMIIC\n-----END CERTIFICATE-----\n"),
         restrict_oom_score_adj: false,
+        node: &NO_SETTINGS,
+        tuning: &NO_TUNING,
     }
 }
+
+static NO_SETTINGS: NodeSettings = NodeSettings {
+    labels: std::collections::BTreeMap::new(),
+    taints: Vec::new(),
+};
+static NO_TUNING: std::sync::LazyLock<KubeletTuning> =
+    std::sync::LazyLock::new(KubeletTuning::default);
 
 fn toml_of(s: &KubeletSettings) -> String {
     let files = machine_files(s).expect("files");
@@ -209,8 +218,9 @@ fn files_from_reads_the_token_and_the_credentials_for_the_sandbox_registry() {
         registry_credentials_file: Some(creds),
         sandbox_image: "registry.example/pause:3.10@sha256:ee6521f290b2168b6e0935a181d4cff9be1ac3f505666ef0e3c98fae8199917a".into(),
         pod_cidr: "10.88.0.0/16".into(),
+        tuning: KubeletTuning::default(),
     };
-    let files = files_from(&inputs).expect("files");
+    let files = files_from(&inputs, &NO_SETTINGS).expect("files");
     let config = files
         .iter()
         .find(|f| f.path.ends_with("config.toml"))
@@ -252,6 +262,8 @@ fn the_kubelet_starts_from_the_plugin_with_no_token_and_no_certificate_to_rotate
         registries: Vec::new(),
         registry_ca_pem: None,
         restrict_oom_score_adj: false,
+        node: &NO_SETTINGS,
+        tuning: &NO_TUNING,
     })
     .expect("files");
     let text = |end: &str| {

@@ -13,7 +13,7 @@ use crate::effects::fs::{
 };
 use crate::effects::{EffectError, EffectResult, MachineTree};
 use crate::lifecycle::agent::Sha256Hex;
-use crate::lifecycle::state::Side;
+use crate::lifecycle::state::{Goal, Side};
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
@@ -103,14 +103,17 @@ impl FsHost {
                 .and_then(|v| v.get(k)?.as_str().map(str::to_string))
         };
         let image = field("image").map(|d| Sha256Hex::parse(&d));
+        let generation = value.as_ref().and_then(|v| v.get("generation")?.as_i64());
         match (field("kubernetesVersion"), image) {
             (Some(kubernetes_version), None) => Ok(Some(MachineTree {
                 kubernetes_version,
                 image: None,
+                generation: None,
             })),
             (Some(kubernetes_version), Some(Some(digest))) => Ok(Some(MachineTree {
                 kubernetes_version,
                 image: Some(digest),
+                generation,
             })),
             // Only our own atomic writes make this file: a bad one is re-provisioned.
             _ => {
@@ -133,19 +136,15 @@ impl FsHost {
         Ok(root)
     }
 
-    /// A tree unpacked from `image`: the kubelet's files, its nspawn settings, the marker.
-    pub(super) fn complete(
-        &self,
-        side: Side,
-        kubernetes_version: &str,
-        image: &Sha256Hex,
-    ) -> EffectResult {
+    /// A tree unpacked from `image` for `goal`: the kubelet's files, its nspawn settings, the
+    /// marker.
+    pub(super) fn complete(&self, side: Side, goal: &Goal, image: &Sha256Hex) -> EffectResult {
         let inputs = self.kubelet.as_ref().ok_or_else(|| {
             EffectError::Failed("no kubelet settings: the configuration names no node image".into())
         })?;
         let l = &self.layout;
         let root = l.machine_dir(side);
-        let mut files = files_from(inputs)?;
+        let mut files = files_from(inputs, &goal.node)?;
         files.extend(self.kubelet_identity(side.other())?);
         for f in files {
             // Resolved inside the tree: the image's own links never lead a write out of it.
@@ -165,8 +164,9 @@ impl FsHost {
         // The tree on disk before the marker says it is whole.
         sync_filesystem(&root)?;
         let marker = serde_json::json!({
-            "kubernetesVersion": kubernetes_version,
+            "kubernetesVersion": goal.kubernetes_version,
             "image": image.oci(),
+            "generation": goal.generation,
         });
         write_file_atomic(
             &l.machine_marker(side),
@@ -374,10 +374,11 @@ mod tests {
             registry_credentials_file: None,
             sandbox_image: crate::config::DEFAULT_SANDBOX_IMAGE.into(),
             pod_cidr: "10.88.0.0/16".into(),
+            tuning: Default::default(),
         });
         host.clear_tree(Side::Kube1).expect("tree");
         let digest = Sha256Hex::parse(&"ab".repeat(32)).expect("digest");
-        host.complete(Side::Kube1, "v1.34.12", &digest)
+        host.complete(Side::Kube1, &Goal::new(1, "v1.34.12"), &digest)
             .expect("complete");
         host
     }

@@ -50,7 +50,7 @@ use super::archive::ArchiveFetcher;
 use super::fs::{io_failed, remove_no_follow, remove_tree, sync_existing_dir};
 use super::{EffectError, EffectResult, Host, MachineTree};
 use crate::lifecycle::agent::{AgentBuild, Arch, ArchiveUrl, InstallMode, Sha256Hex, Slot};
-use crate::lifecycle::state::Side;
+use crate::lifecycle::state::{Goal, Side};
 use candidate::run_version;
 use std::io::ErrorKind;
 use std::path::PathBuf;
@@ -332,14 +332,9 @@ impl Host for FsHost {
         self.blocking(move |h| h.clear_tree(side)).await
     }
 
-    async fn complete_machine(
-        &self,
-        side: Side,
-        kubernetes_version: &str,
-        image: &Sha256Hex,
-    ) -> EffectResult {
-        let (version, image) = (kubernetes_version.to_string(), image.clone());
-        self.blocking(move |h| h.complete(side, &version, &image))
+    async fn complete_machine(&self, side: Side, goal: &Goal, image: &Sha256Hex) -> EffectResult {
+        let (goal, image) = (goal.clone(), image.clone());
+        self.blocking(move |h| h.complete(side, &goal, &image))
             .await
     }
 

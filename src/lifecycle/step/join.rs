@@ -41,7 +41,7 @@ pub(super) fn join(
             Effect::DisableSwap,
             Effect::ProvisionMachine {
                 side: node.active,
-                kubernetes_version: req.goal.kubernetes_version.clone(),
+                goal: req.goal.clone(),
             },
             Effect::StartMachine { side: node.active },
             Effect::AwaitNode { side: node.active },

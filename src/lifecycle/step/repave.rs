@@ -25,7 +25,7 @@ pub(super) fn start(node: &NodeInfo, goal: Goal, policy: &Policy, now: Timestamp
             ),
             Effect::ProvisionMachine {
                 side: node.active.other(),
-                kubernetes_version: goal.kubernetes_version,
+                goal,
             },
         ],
     )

@@ -3,7 +3,7 @@
 //! recovery unit, the operator's reset), each optionally with a broken host call or a death
 //! the node does not come back from by itself.
 
-use flexnode::config::NodeImage;
+use flexnode::config::{NodeImage, NodeImagePattern, NodeImages};
 use flexnode::lifecycle::agent::{ImageRef, InstallMode, Sha256Hex};
 use flexnode::lifecycle::input::{
     Claim, ClaimKind, GoalObservation, MachineObservation, NodeObservation,
@@ -13,7 +13,6 @@ use flexnode::lifecycle::{Input, NodeState, Timestamp};
 use flexnode::sim::{Build, GOAL_VERSION, PlannedCrash, SimError, SimNode, When, upgrade};
 use flexnode::store::StoreReader;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 
 pub const T0: Timestamp = Timestamp::from_millis(1_785_578_400_000);
 pub const NODE: &str = "edge-07";
@@ -102,10 +101,10 @@ impl Observed {
         let machine = match self.machine {
             0 => MachineObservation::Missing,
             1 => MachineObservation::Unknown,
-            m => MachineObservation::Present(Goal {
-                generation: i64::from(m) - 1,
-                kubernetes_version: if m == 2 { GOAL_VERSION } else { NEXT_VERSION }.into(),
-            }),
+            m => MachineObservation::Present(Goal::new(
+                i64::from(m) - 1,
+                if m == 2 { GOAL_VERSION } else { NEXT_VERSION },
+            )),
         };
         Input::GoalObserved(GoalObservation { node, machine })
     }
@@ -160,14 +159,17 @@ pub fn fresh(path: &std::path::Path) -> SimNode {
     for (digest, crashes) in [(IMAGE, false), (BROKEN_IMAGE, true)] {
         node.host.serve_image(digest, build(crashes));
     }
-    for (_, digest) in NODE_IMAGES {
+    for (version, digest) in NODE_IMAGES {
         node.host.serve_image(digest, build(false));
+        node.host
+            .tag_image(&format!("registry.example/node:{version}"), digest);
     }
     node
 }
 
-pub fn node_images() -> BTreeMap<String, NodeImage> {
-    NODE_IMAGES
+/// The goal's version pinned, the next one through the pattern (its tag resolved).
+pub fn node_images() -> NodeImages {
+    let pins = NODE_IMAGES[..1]
         .iter()
         .map(|(version, digest)| {
             let image = NodeImage {
@@ -180,7 +182,13 @@ pub fn node_images() -> BTreeMap<String, NodeImage> {
             };
             (version.to_string(), image)
         })
-        .collect()
+        .collect();
+    let pattern = NodeImagePattern::parse("oci://registry.example/node:{kubernetesVersion}")
+        .unwrap_or_else(|e| unreachable!("the pattern: {e}"));
+    NodeImages {
+        pins,
+        pattern: Some(pattern),
+    }
 }
 
 fn build(crashes: bool) -> Build {

@@ -269,6 +269,24 @@ async fn secure_registries_need_the_right_ca_and_credentials(flavor: Flavor) {
     let log = std::fs::read_to_string(&secure.aux_log).expect("aux log");
     assert!(log.contains("GET /token 200 auth=yes"), "{log}");
 
+    // A node image pattern's tag resolved to its digest through the same token flow; a tag
+    // the registry does not have is named, without a credential.
+    let tagged = registry_agent(&tier, Some(&secure.lab_ca), Some(&secure.credentials)).await;
+    assert_eq!(
+        tagged
+            .resolve_tag(&format!("{}/e2e/token:v1", secure.token))
+            .await
+            .expect("resolve"),
+        token
+    );
+    let missing = format!("{}/e2e/token:v9", secure.token);
+    let m = match tagged.resolve_tag(&missing).await {
+        Err(EffectError::Failed(m)) => m,
+        other => panic!("a missing tag: {other:?}"),
+    };
+    assert!(m.contains(&missing) && m.contains("not found"), "{m}");
+    no_secret(&m);
+
     // Refusals, each before anything is written.
     let refused = tier.image("e2e/refused:v1", 1, false);
     let records_before = records(&ch).await;

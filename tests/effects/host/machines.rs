@@ -171,5 +171,6 @@ fn bare_tree(version: &str) -> flexnode::effects::MachineTree {
     flexnode::effects::MachineTree {
         kubernetes_version: version.to_string(),
         image: None,
+        generation: None,
     }
 }

@@ -1,0 +1,161 @@
+"""e2e/native/goal.py — the native suite's checks of the Machine driving the node (issue 31):
+a fleet's version moved by its Machines alone, the Machine's labels and taints and the
+configuration's kubelet settings on the Node, a goal whose version has no image refused before
+the running side stops. Mixed into e2e/native/suite.py's Suite; Python 3 stdlib only."""
+
+import ipaddress
+import json
+import subprocess
+import time
+
+from lab import detail, need, wait_until
+
+# What the lab's join configuration gives every node's kubelet (e2e/native/lab).
+MAX_PODS = "50"
+
+
+class GoalChecks:
+    def status(self, node):
+        return json.loads(self.lab.node_sh(node, "/opt/flexnode/bin/flexnode status -o json"))
+
+    def repave_to(self, node, spec, timeout=300):
+        """NODE's Machine patched (spec.kubernetes merged with SPEC) and its Node deleted: the
+        agent applies the new generation by a repave. Returns its `flexnode status`, the new
+        Node Ready with a pod range, and the seconds from the Node's deletion."""
+        lab = self.lab
+        patch = json.dumps({"spec": {"kubernetes": spec}})
+        rc, out, err = lab.kubectl("patch", "machines", node, "--type", "merge", "-p", patch, "-o", "json")
+        need(rc == 0, "kubectl patch machine %s: %s" % (node, err.strip()))
+        gen = json.loads(out)["metadata"]["generation"]
+        t = time.time()
+        rc, _, err = lab.kubectl("delete", "node", node, "--wait=true", "--ignore-not-found", timeout=120)
+        need(rc == 0, "kubectl delete node %s: %s" % (node, err.strip()))
+
+        def applied():
+            st = self.status(node)
+            n = st.get("node") or {}
+            return st if st.get("phase") == "Ready" and n.get("appliedGeneration") == gen else None
+        st = wait_until("%s applied generation %d" % (node, gen), applied, timeout, 1)
+
+        def ready():
+            rc, out, _ = lab.kubectl("get", "node", node, "-o", "json")
+            if rc != 0:
+                return None
+            n = json.loads(out)
+            ok = [c for c in n["status"].get("conditions", []) if c["type"] == "Ready" and c["status"] == "True"]
+            return n if ok and n["spec"].get("podCIDR") else None
+        n = wait_until("Node %s Ready with a pod range" % node, ready, 120, 1)
+        return st, n, time.time() - t
+
+    def pods_back(self, nodes):
+        """The routes to the repaved NODES' new ranges, and their pods running there again."""
+        lab = self.lab
+        p = subprocess.run([lab.lab_script, "routes", "--dir", lab.dir], capture_output=True, text=True, timeout=120)
+        need(p.returncode == 0, "e2e/native/lab routes: %s" % (p.stderr or p.stdout).strip()[-300:])
+        for node in nodes:
+            net = ipaddress.ip_network(lab.kube_json("get", "node", node)["spec"]["podCIDR"])
+
+            def anew():
+                pod = self.pods().get(node) or {}
+                ip = pod.get("status", {}).get("podIP")
+                ready = [c for c in pod.get("status", {}).get("conditions", []) if c["type"] == "Ready"]
+                return pod if ip and ipaddress.ip_address(ip) in net and ready and ready[0]["status"] == "True" else None
+            wait_until("%s's pod running again in %s" % (node, net), anew, 120, 1)
+        self.pods_served()
+
+    def c_fleet_upgrade(self):
+        """The rest of the fleet (node-1, node-3) moves to the control plane's version by its
+        Machines alone, one node at a time: each Machine patched, its Node deleted. No node's
+        configuration changes (its `nodeImage` pattern names no version): each agent resolves
+        the version's tag, and `flexnode status` shows the digest it recorded, the one the lab
+        pushed; each Node is Ready at the new version, with the configuration's maxPods."""
+        lab = self.lab
+        configs = {n: lab.node_sh(n, "sha256sum /etc/flexnode/config.yaml") for n in lab.nodes}
+        took = {}
+        for node in ("node-1", "node-3"):
+            st, n, took[node] = self.repave_to(node, {"version": lab.k8s_version})
+            need(n["status"]["nodeInfo"]["kubeletVersion"] == lab.k8s_version,
+                 "%s's kubelet is %s" % (node, n["status"]["nodeInfo"]["kubeletVersion"]))
+            image = (st.get("node") or {}).get("nodeImage", "")
+            need(":%s@" % lab.k8s_version in image and image.endswith(lab.st["NODE_IMAGE"]),
+                 "%s's flexnode status shows the node image %r, not the tag of %s at %s"
+                 % (node, image, lab.k8s_version, lab.st["NODE_IMAGE"]))
+        for node in lab.nodes:
+            n = lab.kube_json("get", "node", node)
+            need(n["status"]["nodeInfo"]["kubeletVersion"] == lab.k8s_version,
+                 "%s is at %s after the fleet's upgrade" % (node, n["status"]["nodeInfo"]["kubeletVersion"]))
+            need(n["status"]["capacity"].get("pods") == MAX_PODS,
+                 "%s's pod capacity is %s, not the configured maxPods %s"
+                 % (node, n["status"]["capacity"].get("pods"), MAX_PODS))
+            need(lab.node_sh(node, "sha256sum /etc/flexnode/config.yaml") == configs[node],
+                 "%s's configuration changed" % node)
+        self.pods_back(("node-1", "node-3"))
+        detail("node-1 %.1f s, node-3 %.1f s from the Node's deletion to Ready at %s; no configuration "
+               "changed; every Node's pod capacity %s" % (took["node-1"], took["node-3"], lab.k8s_version, MAX_PODS))
+
+    def c_node_settings(self):
+        """node-2's Machine names labels (one of the topology labels a kubelet may set) and a
+        taint: after the repave its Node has them, from the same node image bytes (the version
+        did not change, so its tag is not resolved again). A second generation changes a
+        label, drops the other and the taint: the next Node has exactly that."""
+        lab = self.lab
+        node = "node-2"
+        image = (self.status(node).get("node") or {}).get("nodeImage")
+        labels = {"flexnode.io/pool": "edge", "topology.kubernetes.io/zone": "lab-a"}
+        taint = {"key": "flexnode.io/dedicated", "value": "suite", "effect": "NoSchedule"}
+        st, n, first = self.repave_to(node, {"nodeLabels": labels,
+                                             "registerWithTaints": ["flexnode.io/dedicated=suite:NoSchedule"]})
+        got = n["metadata"].get("labels") or {}
+        need(all(got.get(k) == v for k, v in labels.items()), "%s's labels: %s" % (node, got))
+        need(taint in (n["spec"].get("taints") or []), "%s's taints: %s" % (node, n["spec"].get("taints")))
+        shown = st.get("node") or {}
+        need(shown.get("nodeImage") == image, "the node image changed with the labels: %s -> %s"
+             % (image, shown.get("nodeImage")))
+        need(shown.get("nodeLabels") == labels, "flexnode status shows the labels %s" % shown.get("nodeLabels"))
+        st, n, second = self.repave_to(node, {"nodeLabels": {"flexnode.io/pool": "core",
+                                                             "topology.kubernetes.io/zone": None},
+                                              "registerWithTaints": None})
+        got = n["metadata"].get("labels") or {}
+        need(got.get("flexnode.io/pool") == "core" and "topology.kubernetes.io/zone" not in got,
+             "%s's labels after the second generation: %s" % (node, got))
+        need(not [t for t in n["spec"].get("taints") or [] if t["key"] == taint["key"]],
+             "%s keeps the taint: %s" % (node, n["spec"].get("taints")))
+        self.pods_back((node,))
+        detail("labels and taint on the Node %.1f s after its deletion, changed by the next generation in %.1f s; "
+               "node image unchanged (%s)" % (first, second, image))
+
+    def c_missing_version(self):
+        """node-1's Machine names a version no node image is tagged for: the repave fails before
+        the running side is touched (its machine never stops), the Machine says why naming the
+        image reference, `flexnode status` shows the goal waiting. The next generation, back at
+        the running version, repaves as usual."""
+        lab = self.lab
+        node = "node-1"
+        st = self.status(node)
+        active = st["node"]["activeSide"]
+        leader = lab.node_sh(node, "machinectl show %s -p Leader --value" % active).strip()
+        missing = "v1.34.99"
+        patch = json.dumps({"spec": {"kubernetes": {"version": missing}}})
+        rc, _, err = lab.kubectl("patch", "machines", node, "--type", "merge", "-p", patch)
+        need(rc == 0, "kubectl patch machine: %s" % err.strip())
+        rc, _, err = lab.kubectl("delete", "node", node, "--wait=true", timeout=120)
+        need(rc == 0, "kubectl delete node: %s" % err.strip())
+
+        def failed():
+            s = lab.kube_json("get", "machines", node).get("status") or {}
+            why = [c for c in s.get("conditions", []) if c["type"] == "NodeUpdated" and missing in c["message"]]
+            return why[0] if s.get("phase") == "Failed" and why else None
+        s = wait_until("Machine %s Failed naming %s" % (node, missing), failed, 120, 1)
+        reference = "flexnode/node:%s" % missing
+        need(reference in s["message"] and "not found" in s["message"], "the Machine says: %s" % s["message"])
+        now = lab.node_sh(node, "machinectl show %s -p Leader --value" % active).strip()
+        need(now == leader, "%s's running machine restarted (%s -> %s)" % (node, leader, now))
+        st = self.status(node)
+        waiting = ((st.get("daemon") or {}).get("waitingGoal") or {})
+        need(waiting.get("kubernetesVersion") == missing and st["node"]["activeSide"] == active,
+             "flexnode status: %s, waiting %s" % (st.get("node"), waiting))
+        _, n, took = self.repave_to(node, {"version": lab.k8s_version})
+        need(n["status"]["nodeInfo"]["kubeletVersion"] == lab.k8s_version, "back at %s" % n["status"]["nodeInfo"])
+        self.pods_back((node,))
+        detail("refused with %r; %s kept running; the next generation repaved in %.1f s"
+               % (s["message"], active, took))
