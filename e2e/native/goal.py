@@ -8,7 +8,7 @@ import json
 import subprocess
 import time
 
-from lab import detail, need, wait_until
+from lab import Fail, detail, need, wait_until
 
 # What the lab's join configuration gives every node's kubelet (e2e/native/lab).
 MAX_PODS = "50"
@@ -16,7 +16,13 @@ MAX_PODS = "50"
 
 class GoalChecks:
     def status(self, node):
-        return json.loads(self.lab.node_sh(node, "/opt/flexnode/bin/flexnode status -o json"))
+        """NODE's `flexnode status -o json` (a daemon restarting may answer nothing parseable
+        for a moment: that is a Fail, which waits retry)."""
+        out = self.lab.node_sh(node, "/opt/flexnode/bin/flexnode status -o json")
+        try:
+            return json.loads(out)
+        except ValueError:
+            raise Fail("%s: flexnode status printed %r" % (node, out[-200:]))
 
     def repave_to(self, node, spec, timeout=300):
         """NODE's Machine patched (spec.kubernetes merged with SPEC) and its Node deleted: the
@@ -63,6 +69,32 @@ class GoalChecks:
             wait_until("%s's pod running again in %s" % (node, net), anew, 120, 1)
         self.pods_served()
 
+    def c_dns(self):
+        """Every node's kubelet names the cluster's DNS (the configuration's clusterDNS: CoreDNS
+        from pinned modules, e2e/controlplane/run dns): a pod on each node has it in its
+        resolv.conf, with the cluster's search domains, and resolves every node's Service by its
+        name to its ClusterIP."""
+        lab = self.lab
+        pods = self.pods_running()
+        ips = self.services()
+        for a in lab.nodes:
+            pod = pods[a]["metadata"]["name"]
+            rc, conf, err = lab.kubectl("exec", pod, "--", "/bin/busybox", "cat", "/etc/resolv.conf")
+            need(rc == 0, "resolv.conf of %s: %s" % (pod, err.strip()))
+            need("nameserver %s" % lab.st["CLUSTER_DNS"] in conf and "svc.cluster.local" in conf,
+                 "%s's resolv.conf: %r" % (pod, conf))
+            for b in lab.nodes:
+                name = "web-%s.default.svc.cluster.local" % b
+
+                def resolved():
+                    rc, out, err = lab.kubectl("exec", pod, "--", "/bin/busybox", "nslookup", name, timeout=30)
+                    if rc == 0 and ips[b] in out:
+                        return True
+                    raise Fail("rc %d: %r %s" % (rc, out[-200:], err.strip()))
+                wait_until("the pod on %s resolving %s" % (a, name), resolved, 30, 1)
+        detail("every pod resolves every node's Service by name through %s (clusterDNS on every node)"
+               % lab.st["CLUSTER_DNS"])
+
     def c_fleet_upgrade(self):
         """The rest of the fleet (node-1, node-3) moves to the control plane's version by its
         Machines alone, one node at a time: each Machine patched, its Node deleted. No node's
@@ -90,8 +122,9 @@ class GoalChecks:
             need(lab.node_sh(node, "sha256sum /etc/flexnode/config.yaml") == configs[node],
                  "%s's configuration changed" % node)
         self.pods_back(("node-1", "node-3"))
-        detail("node-1 %.1f s, node-3 %.1f s from the Node's deletion to Ready at %s; no configuration "
-               "changed; every Node's pod capacity %s" % (took["node-1"], took["node-3"], lab.k8s_version, MAX_PODS))
+        detail("node-1 repaved to %s in %.1f s, node-3 repaved to %s in %.1f s (the Node's deletion to Ready); "
+               "no configuration changed; every Node's pod capacity %s"
+               % (lab.k8s_version, took["node-1"], lab.k8s_version, took["node-3"], MAX_PODS))
 
     def c_node_settings(self):
         """node-2's Machine names labels (one of the topology labels a kubelet may set) and a
@@ -123,6 +156,41 @@ class GoalChecks:
         self.pods_back((node,))
         detail("labels and taint on the Node %.1f s after its deletion, changed by the next generation in %.1f s; "
                "node image unchanged (%s)" % (first, second, image))
+
+    def c_downloads_refused(self):
+        """node-3's Machine names spec.agent.downloads: its agent says on the Machine that this
+        node takes its components from its node image (DownloadsIgnored, naming them), and
+        nothing on the node changes; with the downloads gone, so is the condition. (Both
+        patches are new generations: node-3 is left with a goal that waits for its Node's
+        deletion, which no later check makes.)"""
+        lab = self.lab
+        node = "node-3"
+        leader = lab.node_sh(node, "machinectl show %s -p Leader --value"
+                             % self.status(node)["node"]["activeSide"]).strip()
+        downloads = {"kubernetes": {"version": "v1.35.0"},
+                     "containerd": {"baseURL": "https://downloads.example/containerd", "version": "2.1.0"}}
+        patch = json.dumps({"spec": {"agent": {"downloads": downloads}}})
+        rc, _, err = lab.kubectl("patch", "machines", node, "--type", "merge", "-p", patch)
+        need(rc == 0, "kubectl patch machine: %s" % err.strip())
+
+        def condition(want):
+            def probe():
+                s = lab.kube_json("get", "machines", node).get("status") or {}
+                c = [c for c in s.get("conditions", []) if c["type"] == "DownloadsIgnored"]
+                return (c[0] if c else None) if want else (True if not c else None)
+            return probe
+        c = wait_until("DownloadsIgnored on Machine %s" % node, condition(True), 60, 1)
+        need(c["status"] == "True" and c["reason"] == "NodeImage"
+             and "spec.agent.downloads (kubernetes, containerd) is ignored" in c["message"],
+             "the condition: %s" % c)
+        rc, _, err = lab.kubectl("patch", "machines", node, "--type", "merge", "-p",
+                                 json.dumps({"spec": {"agent": {"downloads": None}}}))
+        need(rc == 0, "kubectl patch machine: %s" % err.strip())
+        wait_until("DownloadsIgnored gone from Machine %s" % node, condition(False), 60, 1)
+        now = lab.node_sh(node, "machinectl show %s -p Leader --value"
+                          % self.status(node)["node"]["activeSide"]).strip()
+        need(now == leader, "%s's machine restarted (%s -> %s)" % (node, leader, now))
+        detail("said: %r; removed with the downloads; the machine untouched" % c["message"])
 
     def c_missing_version(self):
         """node-1's Machine names a version no node image is tagged for: the repave fails before

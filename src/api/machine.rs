@@ -202,7 +202,8 @@ pub struct AgentSpec {
     pub downloads: Option<Downloads>,
 }
 
-/// Where the node's components come from (read by the provisioning tools, not the agent).
+/// Where the node's components come from. flexnode takes them from the node image instead
+/// and says so on the Machine (docs/node.md, "spec.agent.downloads").
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 pub struct Downloads {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -215,6 +216,26 @@ pub struct Downloads {
     pub kubernetes: Option<Download>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runc: Option<Download>,
+}
+
+impl Downloads {
+    /// The components named with a source (a URL, a base URL or a version).
+    pub fn named(&self) -> Vec<&'static str> {
+        [
+            ("kubernetes", &self.kubernetes),
+            ("containerd", &self.containerd),
+            ("runc", &self.runc),
+            ("cni", &self.cni),
+            ("crictl", &self.crictl),
+        ]
+        .into_iter()
+        .filter(|(_, d)| {
+            d.as_ref()
+                .is_some_and(|d| d.url.is_some() || d.base_url.is_some() || d.version.is_some())
+        })
+        .map(|(name, _)| name)
+        .collect()
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]

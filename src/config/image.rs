@@ -136,39 +136,38 @@ pub struct NodeImagePattern {
 }
 
 impl NodeImagePattern {
-    /// `registry/repository:tag` for `version` (a `vN.N.N` the configuration or the core
-    /// checked, so the tag stays one).
-    pub fn for_version(&self, version: &str) -> String {
-        self.pattern.replace(VERSION_PLACEHOLDER, version)
+    /// The image of `version` (a `vN.N.N`: `validate::is_kubernetes_version`); `None` if the
+    /// tag it makes is not one.
+    pub fn for_version(&self, version: &str) -> Option<ImageRef> {
+        parse_oci_url(&format!(
+            "oci://{}",
+            self.pattern.replace(VERSION_PLACEHOLDER, version)
+        ))
+        .ok()
     }
 
     /// As written, with `oci://`.
     pub fn shown(&self) -> String {
         format!("oci://{}", self.pattern)
     }
-}
 
-impl NodeImagePattern {
     /// The pattern checked by what it makes of a version: an image reference whose tag, and
     /// only its tag, holds the placeholder.
     pub fn parse(value: &str) -> Result<Self, ConfigError> {
-        node_image_pattern(value)
+        const SHAPE: &str = "oci://REGISTRY/REPOSITORY:TAG with {kubernetesVersion} in the \
+                             tag, e.g. oci://registry.example/flexnode/node:{kubernetesVersion}";
+        let refuse = || bad("nodeImage", format!("is not {SHAPE}"));
+        let pattern = without_oci_scheme(value.trim()).ok_or_else(refuse)?;
+        let (name, tag) = pattern.rsplit_once(':').ok_or_else(refuse)?;
+        if !tag.contains(VERSION_PLACEHOLDER) || name.contains('{') {
+            return Err(refuse());
+        }
+        let parsed = Self {
+            pattern: pattern.to_string(),
+        };
+        match parsed.for_version("v1.34.12") {
+            Some(image) if image.tag.is_some() => Ok(parsed),
+            Some(_) | None => Err(refuse()),
+        }
     }
-}
-
-fn node_image_pattern(value: &str) -> Result<NodeImagePattern, ConfigError> {
-    const SHAPE: &str = "oci://REGISTRY/REPOSITORY:TAG with {kubernetesVersion} in the tag, \
-                         e.g. oci://registry.example/flexnode/node:{kubernetesVersion}";
-    let refuse = || bad("nodeImage", format!("is not {SHAPE}"));
-    let pattern = without_oci_scheme(value.trim()).ok_or_else(refuse)?;
-    let sample = pattern.replace(VERSION_PLACEHOLDER, "v1.34.12");
-    let image = parse_oci_url(&format!("oci://{sample}")).map_err(|_| refuse())?;
-    let in_tag = image.tag.as_deref().is_some_and(|t| t.contains("v1.34.12"));
-    let (name, _) = pattern.rsplit_once(':').ok_or_else(refuse)?;
-    if !in_tag || name.contains('{') {
-        return Err(refuse());
-    }
-    Ok(NodeImagePattern {
-        pattern: pattern.to_string(),
-    })
 }

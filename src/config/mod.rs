@@ -10,7 +10,7 @@ mod node;
 use crate::lifecycle::agent::InstallMode;
 use crate::lifecycle::fault::{Fault, FaultKind};
 pub use crate::lifecycle::kubelet::KubeletTuning;
-pub use crate::lifecycle::validate::is_dns_subdomain;
+pub use crate::lifecycle::validate::{is_dns_subdomain, is_kubernetes_version};
 use files::{
     check_bootstrap_token, check_ca, check_kubeconfig, check_registry_credentials, read_small,
 };
@@ -615,17 +615,6 @@ fn credential(
 
 fn first_line(s: &str) -> String {
     s.lines().next().unwrap_or_default().to_string()
-}
-
-pub(super) fn is_kubernetes_version(s: &str) -> bool {
-    let Some(rest) = s.strip_prefix('v') else {
-        return false;
-    };
-    let parts: Vec<&str> = rest.split('.').collect();
-    parts.len() == 3
-        && parts
-            .iter()
-            .all(|p| !p.is_empty() && p.len() <= 4 && p.bytes().all(|b| b.is_ascii_digit()))
 }
 
 #[cfg(test)]

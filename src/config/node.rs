@@ -145,8 +145,8 @@ mod tests {
         let pattern = node.images.pattern.clone().expect("pattern");
         assert!(node.images.pins.is_empty());
         assert_eq!(
-            pattern.for_version("v1.35.1"),
-            "r.example:5000/flexnode/node:v1.35.1"
+            pattern.for_version("v1.35.1").map(|i| i.to_string()),
+            Some("oci://r.example:5000/flexnode/node:v1.35.1".to_string())
         );
         let r = c.rendered();
         assert_eq!(
@@ -167,6 +167,7 @@ mod tests {
     fn a_pattern_must_put_the_version_in_the_tag() {
         for bad in [
             "oci://r.example/node:latest",
+            "oci://r.example/node:v1.34.12",
             "oci://r.example/{kubernetesVersion}/node:v1",
             "r.example/node:{kubernetesVersion}",
             "oci://node:{kubernetesVersion}",

@@ -615,6 +615,54 @@ impl KubePublisher {
     }
 }
 
+/// The Machine's condition that says its `spec.agent.downloads` are not what this node runs.
+pub const DOWNLOADS_IGNORED: &str = "DownloadsIgnored";
+
+impl KubePublisher {
+    /// The Machine names downloads (`named`, none: the condition goes): the condition
+    /// [`DOWNLOADS_IGNORED`] True, reason `NodeImage`, naming them. Returns whether it wrote.
+    pub async fn note_downloads(&self, named: &[&str]) -> EffectResult<bool> {
+        let message = format!(
+            "this node takes kubernetes, containerd, runc, CNI and crictl from its node image \
+             (the nodeImage and nodeImages of its configuration); spec.agent.downloads ({}) \
+             is ignored",
+            named.join(", ")
+        );
+        let written = self
+            .write_machine(|m: &Machine| {
+                let conditions = m.status.as_ref().and_then(|s| s.conditions.as_ref());
+                let shown =
+                    conditions.and_then(|c| c.iter().find(|c| c.type_ == DOWNLOADS_IGNORED));
+                let mut next = m.clone();
+                let status = next.status.get_or_insert_with(Default::default);
+                match (named.is_empty(), shown) {
+                    (true, None) => return None,
+                    (false, Some(c)) if c.message == message => return None,
+                    (true, Some(_)) => {
+                        if let Some(list) = status.conditions.as_mut() {
+                            list.retain(|c| c.type_ != DOWNLOADS_IGNORED);
+                        }
+                    }
+                    (false, _) => set_condition(
+                        &mut status.conditions,
+                        Condition {
+                            type_: DOWNLOADS_IGNORED.into(),
+                            status: "True".into(),
+                            reason: "NodeImage".into(),
+                            message: message.clone(),
+                            observed_generation: m.metadata.generation,
+                            last_transition_time: now(),
+                        },
+                        Since::Kept,
+                    ),
+                }
+                Some(next)
+            })
+            .await?;
+        Ok(written.is_some())
+    }
+}
+
 /// What the daemon asks of the API server besides status writes (its watches aside).
 impl KubePublisher {
     /// The node's Node and Machine, read afresh: what a decision that changes the node on

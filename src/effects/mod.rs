@@ -13,7 +13,7 @@ pub mod systemd;
 
 use crate::lifecycle::Timestamp;
 use crate::lifecycle::agent::{AgentBuild, InstallMode};
-use crate::lifecycle::agent::{ArchiveUrl, Sha256Hex, Slot};
+use crate::lifecycle::agent::{ArchiveUrl, ImageRef, Sha256Hex, Slot};
 use crate::lifecycle::result::{MachinePhase, OpResult};
 use crate::lifecycle::state::{Goal, OpRef, Side};
 use std::future::Future;
@@ -205,9 +205,10 @@ pub trait Containerd: Send + Sync {
     /// which the container units run (`effects::host::AGENT_IMAGE_NAME`); the name is removed
     /// with the image only if the agent pulled it.
     fn name_agent_image(&self, digest: &Sha256Hex) -> impl Future<Output = EffectResult> + Send;
-    /// The digest a tagged reference (`registry/repository:tag`) names at its registry now: a
-    /// node image pattern resolved, once, before the pull by that digest.
-    fn resolve_tag(&self, reference: &str) -> impl Future<Output = EffectResult<Sha256Hex>> + Send;
+    /// The digest the tag of `image` names at its registry now: a node image pattern
+    /// resolved, once, before the pull by that digest.
+    fn resolve_tag(&self, image: &ImageRef)
+    -> impl Future<Output = EffectResult<Sha256Hex>> + Send;
     /// [`Self::pull`] into the content store only, without snapshots: a node image, which is
     /// only ever unpacked into a machine's tree.
     fn pull_content(

@@ -11,7 +11,7 @@ use crate::lifecycle::state::Side;
 use crate::lifecycle::{Effect, Timestamp};
 use crate::store::StoreError;
 
-fn store_failed(e: StoreError) -> EffectError {
+pub(super) fn store_failed(e: StoreError) -> EffectError {
     EffectError::Failed(format!("store: {e}"))
 }
 
@@ -248,6 +248,8 @@ where
         for side in [Side::Kube1, Side::Kube2] {
             self.remove_machine(side).await?;
         }
+        // A node joined again (its Machine perhaps made anew at generation 1) chooses afresh.
+        self.store.forget_machine_images().map_err(store_failed)?;
         if self.effects.host.runtime_present().await? {
             self.effects.host.wipe_runtime().await?;
         }

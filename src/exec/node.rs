@@ -2,14 +2,16 @@
 //! configuration names for its Kubernetes version (pulled by digest, unpacked, given its
 //! kubelet's files), and the wait for that kubelet's Node to be Ready.
 
+use super::apply::store_failed;
 use super::{Clock, Runner};
 use crate::effects::{
     Containerd, EffectError, EffectResult, Host, MACHINE_DROP_IN, NodeSeen, Publisher, Systemd,
     machine_unit,
 };
-use crate::lifecycle::agent::Sha256Hex;
+use crate::lifecycle::agent::{ImageRef, Sha256Hex};
 use crate::lifecycle::kubelet::check_node_settings;
 use crate::lifecycle::state::{Goal, Side};
+use crate::lifecycle::validate::{is_kubernetes_version, parse_pinned_image};
 use crate::store::MachineImage;
 use std::time::Duration;
 // Tokio's monotonic clock: a paused test runtime (the crash simulation's) lets a wait of
@@ -42,10 +44,10 @@ where
                 .machine_rootfs(side)
                 .await?
                 .is_some_and(|t| t.kubernetes_version == version && t.image.is_none());
-            return match done {
-                true => Ok(()),
-                false => fx.host.provision_machine(side, version).await,
-            };
+            if done {
+                return Ok(());
+            }
+            return fx.host.provision_machine(side, version).await;
         }
         // Before anything is fetched: the Machine's labels and taints as a kubelet takes them.
         check_node_settings(&goal.node)
@@ -65,7 +67,7 @@ where
         if !fx.containerd.image_present(&digest).await? {
             tracing::info!(image = %image.reference, "pulling the node image");
             fx.containerd
-                .pull_content(&pull_reference(&image.reference), &digest)
+                .pull_content(&pull_reference(&image.reference, &digest)?, &digest)
                 .await?;
         }
         let dir = fx.host.clear_machine_tree(side).await?;
@@ -96,17 +98,15 @@ where
     /// A version with none fails here, before the running side is touched.
     async fn choose_node_image(&self, side: Side, goal: &Goal) -> EffectResult<MachineImage> {
         let version = goal.kubernetes_version.as_str();
-        let store_failed =
-            |e: crate::store::StoreError| EffectError::Failed(format!("the store: {e}"));
-        let chosen = |reference: String, digest: &str| MachineImage {
-            generation: goal.generation,
-            kubernetes_version: version.to_string(),
-            reference,
-            digest: digest.to_string(),
-            chosen_at: self.clock.now(),
-        };
-        let image = if let Some(pin) = self.node_images.pins.get(version) {
-            chosen(pin.pinned(), pin.digest.as_str())
+        if !is_kubernetes_version(version) {
+            return Err(EffectError::Failed(format!(
+                "the Machine's spec.kubernetes.version {version:?} is not a version like v1.34.12"
+            )));
+        }
+        // (reference, digest)
+        let pattern = self.node_images.pattern.as_ref();
+        let (reference, digest) = if let Some(pin) = self.node_images.pins.get(version) {
+            (pin.pinned(), pin.digest.clone())
         } else if let Some(before) = self
             .store
             .machine_image(side)
@@ -115,9 +115,9 @@ where
         {
             return Ok(before);
         } else if let Some(running) = self.running_image(side.other(), version).await? {
-            chosen(running.reference, &running.digest)
+            running
         } else {
-            let Some(pattern) = &self.node_images.pattern else {
+            let Some(tagged) = pattern.and_then(|p| p.for_version(version)) else {
                 let known: Vec<&str> = self.node_images.pins.keys().map(String::as_str).collect();
                 return Err(EffectError::Failed(format!(
                     "no node image for Kubernetes {version}: the configuration's nodeImages \
@@ -125,7 +125,6 @@ where
                     known.join(", ")
                 )));
             };
-            let tagged = pattern.for_version(version);
             let digest = self
                 .effects
                 .containerd
@@ -135,7 +134,14 @@ where
                     EffectError::Failed(format!("no node image for Kubernetes {version}: {e}"))
                 })?;
             tracing::info!(image = %tagged, digest = %digest.oci(), "node image resolved");
-            chosen(format!("{tagged}@{}", digest.oci()), digest.as_str())
+            (reference_of(&tagged, &digest), digest)
+        };
+        let image = MachineImage {
+            generation: goal.generation,
+            kubernetes_version: version.to_string(),
+            reference,
+            digest: digest.as_str().to_string(),
+            chosen_at: self.clock.now(),
         };
         self.store
             .record_machine_image(side, &image)
@@ -143,20 +149,35 @@ where
         Ok(image)
     }
 
-    /// The image `side` runs if its tree is whole at `version` and unpacked from it.
-    async fn running_image(&self, side: Side, version: &str) -> EffectResult<Option<MachineImage>> {
-        let Some(image) = self
-            .store
-            .machine_image(side)
-            .map_err(|e| EffectError::Failed(format!("the store: {e}")))?
-            .filter(|m| m.kubernetes_version == version)
+    /// The image `side` runs, if its whole tree is at `version`: by its marker, named as the
+    /// store recorded it, or (a tree provisioned before the store recorded images) in the
+    /// pattern's repository.
+    async fn running_image(
+        &self,
+        side: Side,
+        version: &str,
+    ) -> EffectResult<Option<(String, Sha256Hex)>> {
+        let tree = self.effects.host.machine_rootfs(side).await?;
+        let Some(digest) = tree
+            .filter(|t| t.kubernetes_version == version)
+            .and_then(|t| t.image)
         else {
             return Ok(None);
         };
-        let tree = self.effects.host.machine_rootfs(side).await?;
-        Ok(tree
-            .filter(|t| t.image.as_ref().is_some_and(|d| d.as_str() == image.digest))
-            .map(|_| image))
+        let recorded = self
+            .store
+            .machine_image(side)
+            .map_err(store_failed)?
+            .filter(|m| m.digest == digest.as_str());
+        let reference = match (recorded, self.node_images.pattern.as_ref()) {
+            (Some(m), _) => m.reference,
+            (None, Some(p)) => match p.for_version(version) {
+                Some(tagged) => reference_of(&tagged, &digest),
+                None => return Ok(None),
+            },
+            (None, None) => return Ok(None),
+        };
+        Ok(Some((reference, digest)))
     }
 
     /// `RemoveMachine`'s last part: the machine unit's drop-in.
@@ -272,42 +293,48 @@ fn describe(seen: Option<&NodeSeen>) -> String {
     }
 }
 
-/// What a pull by digest takes of a chosen reference: `registry/repository@sha256:…`, the tag
-/// a pattern named left out.
-fn pull_reference(chosen: &str) -> String {
-    match chosen.rsplit_once('@') {
-        Some((name, digest)) => {
-            let slash = name.rfind('/').unwrap_or(0);
-            let name = match name[slash..].rfind(':') {
-                Some(colon) => &name[..slash + colon],
-                None => name,
-            };
-            format!("{name}@{digest}")
-        }
-        None => chosen.to_string(),
-    }
+/// `registry/repository:tag@sha256:…`: what a resolved tag is recorded and shown as.
+fn reference_of(tagged: &ImageRef, digest: &Sha256Hex) -> String {
+    let shown = tagged.to_string();
+    format!(
+        "{}@{}",
+        shown.strip_prefix("oci://").unwrap_or(&shown),
+        digest.oci()
+    )
+}
+
+/// What a pull by digest takes of a recorded reference: `registry/repository@sha256:…`.
+fn pull_reference(recorded: &str, digest: &Sha256Hex) -> EffectResult<String> {
+    parse_pinned_image(recorded)
+        .map(|(image, _)| image.pinned(digest))
+        .map_err(|_| {
+            EffectError::Failed(format!(
+                "the store's node image {recorded:?} is not a reference"
+            ))
+        })
 }
 
 #[cfg(test)]
 mod tests {
+    use crate::lifecycle::agent::{ImageRef, Sha256Hex};
+
     #[test]
-    fn a_chosen_reference_is_pulled_by_its_digest_alone() {
-        let d = format!("sha256:{}", "ab".repeat(32));
-        for (chosen, pulled) in [
-            (
-                format!("reg:5000/flexnode/node:v1.34.12@{d}"),
-                format!("reg:5000/flexnode/node@{d}"),
-            ),
-            (
-                format!("reg:5000/flexnode/node@{d}"),
-                format!("reg:5000/flexnode/node@{d}"),
-            ),
-            (
-                format!("reg.example/node@{d}"),
-                format!("reg.example/node@{d}"),
-            ),
-        ] {
-            assert_eq!(super::pull_reference(&chosen), pulled);
-        }
+    fn a_resolved_tag_is_recorded_with_it_and_pulled_by_its_digest_alone() {
+        let d = Sha256Hex::parse(&"ab".repeat(32)).expect("digest");
+        let tagged = ImageRef {
+            registry: "reg:5000".into(),
+            repository: "flexnode/node".into(),
+            tag: Some("v1.34.12".into()),
+        };
+        let recorded = super::reference_of(&tagged, &d);
+        assert_eq!(
+            recorded,
+            format!("reg:5000/flexnode/node:v1.34.12@{}", d.oci())
+        );
+        assert_eq!(
+            super::pull_reference(&recorded, &d),
+            Ok(format!("reg:5000/flexnode/node@{}", d.oci()))
+        );
+        assert!(super::pull_reference("not a reference", &d).is_err());
     }
 }

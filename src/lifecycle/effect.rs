@@ -195,3 +195,35 @@ impl fmt::Display for Effect {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lifecycle::state::NodeSettings;
+
+    /// An intent an older agent stored (the version alone) is read by this one.
+    #[test]
+    fn a_provisioning_stored_by_an_older_agent_still_reads() {
+        let old = r#"{"effect":"provisionMachine","side":"kube2","kubernetes_version":"v1.34.2"}"#;
+        let read: Effect = serde_json::from_str(old).expect("an older intent");
+        assert_eq!(
+            read,
+            Effect::ProvisionMachine {
+                side: Side::Kube2,
+                goal: Goal::new(0, "v1.34.2"),
+            }
+        );
+        let now = Effect::ProvisionMachine {
+            side: Side::Kube1,
+            goal: Goal {
+                node: NodeSettings {
+                    labels: [("team".to_string(), "blue".to_string())].into(),
+                    taints: vec!["a:NoSchedule".into()],
+                },
+                ..Goal::new(3, "v1.34.3")
+            },
+        };
+        let text = serde_json::to_string(&now).expect("json");
+        assert_eq!(serde_json::from_str::<Effect>(&text).expect("back"), now);
+    }
+}

@@ -170,23 +170,22 @@ impl KubeletTuning {
 /// not the deletion taint.
 /// The refusal names the Machine's field.
 pub fn check_node_settings(s: &NodeSettings) -> Result<(), String> {
-    let refuse = |m: String| Err(m);
     for (key, value) in &s.labels {
         if !is_label_key(key) {
-            return refuse(format!(
+            return Err(format!(
                 "spec.kubernetes.nodeLabels: {key:?} is not a label key ([prefix/]name, the \
                  name at most 63 characters of letters, digits, '-', '_' and '.')"
             ));
         }
         if !is_label_value(value) {
-            return refuse(format!(
+            return Err(format!(
                 "spec.kubernetes.nodeLabels.{key}: {value:?} is not a label value (at most 63 \
                  characters of letters, digits, '-', '_' and '.', starting and ending with a \
                  letter or digit)"
             ));
         }
         if !kubelet_may_set(key) {
-            return refuse(format!(
+            return Err(format!(
                 "spec.kubernetes.nodeLabels: a kubelet may not set {key:?}: the NodeRestriction \
                  admission refuses labels in the kubernetes.io and k8s.io namespaces other than \
                  the kubelet's own (kubelet.kubernetes.io/, node.kubernetes.io/, the topology \
@@ -194,6 +193,7 @@ pub fn check_node_settings(s: &NodeSettings) -> Result<(), String> {
             ));
         }
     }
+    let mut seen = std::collections::BTreeSet::new();
     for taint in &s.taints {
         let shape = || {
             format!(
@@ -209,9 +209,15 @@ pub fn check_node_settings(s: &NodeSettings) -> Result<(), String> {
             return Err(shape());
         }
         if key == DELETION_TAINT {
-            return refuse(format!(
+            return Err(format!(
                 "spec.kubernetes.registerWithTaints: {DELETION_TAINT} is the signal that the \
                  node is being deleted; a Node registered with it would reset itself"
+            ));
+        }
+        if !seen.insert((key, effect)) {
+            return Err(format!(
+                "spec.kubernetes.registerWithTaints: {key}:{effect} is named twice (the API \
+                 server refuses a Node with two taints of one key and effect)"
             ));
         }
     }
@@ -245,15 +251,12 @@ fn kubelet_may_set(key: &str) -> bool {
     let Some((prefix, _)) = key.split_once('/') else {
         return true;
     };
-    let reserved = |ns: &str| prefix == ns || prefix.ends_with(&format!(".{ns}"));
-    if !reserved("kubernetes.io") && !reserved("k8s.io") {
-        return true;
-    }
-    if KUBELET_LABELS.contains(&key) {
-        return true;
-    }
-    let own = |ns: &str| prefix == ns || prefix.ends_with(&format!(".{ns}"));
-    own("kubelet.kubernetes.io") || own("node.kubernetes.io")
+    let within = |ns: &str| prefix == ns || prefix.ends_with(&format!(".{ns}"));
+    let reserved = within("kubernetes.io") || within("k8s.io");
+    !reserved
+        || KUBELET_LABELS.contains(&key)
+        || within("kubelet.kubernetes.io")
+        || within("node.kubernetes.io")
 }
 
 fn is_label_key(key: &str) -> bool {
@@ -359,6 +362,8 @@ mod tests {
             taint_parts("spot:NoExecute"),
             Some(("spot", "", "NoExecute"))
         );
+        let twice = settings(&[], &["a=1:NoSchedule", "a=2:NoSchedule"]);
+        assert!(check_node_settings(&twice).is_err_and(|e| e.contains("named twice")));
         for bad in ["dedicated=gpu", "a:Sometimes", "=x:NoSchedule"] {
             let r = check_node_settings(&settings(&[], &[bad]));
             assert!(

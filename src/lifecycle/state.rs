@@ -83,7 +83,7 @@ impl Goal {
 
 /// What the Machine asks of its Node (`spec.kubernetes.nodeLabels`, `registerWithTaints`):
 /// the kubelet registers the Node with them, so they take effect when a side is provisioned
-/// (join, repave) and are checked there (`validate::node_settings`).
+/// (join, repave) and are checked there (`kubelet::check_node_settings`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeSettings {

@@ -279,6 +279,18 @@ pub fn valid_pod_range(c: &str) -> bool {
         })
 }
 
+/// `vMAJOR.MINOR.PATCH`, as a Kubernetes version is named (what a node image's tag holds).
+pub fn is_kubernetes_version(s: &str) -> bool {
+    let Some(rest) = s.strip_prefix('v') else {
+        return false;
+    };
+    let parts: Vec<&str> = rest.split('.').collect();
+    parts.len() == 3
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.len() <= 4 && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// RFC 1123 subdomain, as Kubernetes requires of Node names.
 pub fn is_dns_subdomain(s: &str) -> bool {
     !s.is_empty()

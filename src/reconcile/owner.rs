@@ -64,6 +64,8 @@ struct Owner<S, C, H> {
     /// handled next, in order (`feed`).
     inbox: Option<mpsc::Receiver<Msg>>,
     deferred: std::collections::VecDeque<Msg>,
+    /// The Machine's downloads last said to be ignored (`note_downloads`); `None`: not yet.
+    downloads_noted: Option<Vec<&'static str>>,
 }
 
 /// Messages kept while a step runs; beyond it they wait in the channel.
@@ -195,6 +197,7 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
             unconfirmed: false,
             inbox: None,
             deferred: Default::default(),
+            downloads_noted: None,
         }
     }
 
@@ -389,8 +392,33 @@ impl<S: Systemd, C: Containerd, H: Host> Owner<S, C, H> {
             }
             Msg::Machine(machine) => {
                 self.machine = Some(machine);
+                self.note_downloads().await;
                 self.observe_goal().await?;
                 self.claim_waiting().await
+            }
+        }
+    }
+
+    /// This node takes its components from node images, never from `spec.agent.downloads`:
+    /// a Machine that names some is told so (a condition), each time the list changes.
+    async fn note_downloads(&mut self) {
+        let Some(Some(m)) = &self.machine else {
+            return;
+        };
+        let named = m
+            .spec
+            .agent
+            .as_ref()
+            .and_then(|a| a.downloads.as_ref())
+            .map(|d| d.named())
+            .unwrap_or_default();
+        if self.downloads_noted.as_ref() == Some(&named) {
+            return;
+        }
+        match self.runner.publisher().note_downloads(&named).await {
+            Ok(_) => self.downloads_noted = Some(named),
+            Err(e) => {
+                tracing::warn!(error = %e, "the Machine does not say its downloads are ignored")
             }
         }
     }

@@ -8,7 +8,7 @@ use crate::effects::{
     Systemd, check_unit_name,
 };
 use crate::lifecycle::Timestamp;
-use crate::lifecycle::agent::{AgentBuild, ArchiveUrl, InstallMode, Sha256Hex, Slot};
+use crate::lifecycle::agent::{AgentBuild, ArchiveUrl, ImageRef, InstallMode, Sha256Hex, Slot};
 use crate::lifecycle::result::{MachinePhase, OpResult};
 use crate::lifecycle::state::{Goal, OpRef, Side};
 use std::path::{Path, PathBuf};
@@ -312,13 +312,19 @@ impl Containerd for SimHost {
         }
     }
 
-    async fn resolve_tag(&self, reference: &str) -> EffectResult<Sha256Hex> {
-        self.read("resolve_tag", reference)?;
+    async fn resolve_tag(&self, image: &ImageRef) -> EffectResult<Sha256Hex> {
+        let tagged = format!(
+            "{}/{}:{}",
+            image.registry,
+            image.repository,
+            image.tag.as_deref().unwrap_or_default()
+        );
+        self.read("resolve_tag", &tagged)?;
         self.world()
             .tags
-            .get(reference)
+            .get(&tagged)
             .and_then(|d| Sha256Hex::parse(d))
-            .ok_or_else(|| EffectError::Failed(format!("image {reference}: not found")))
+            .ok_or_else(|| EffectError::Failed(format!("image {tagged}: not found")))
     }
 
     async fn pull_content(&self, reference: &str, digest: &Sha256Hex) -> EffectResult {

@@ -41,6 +41,12 @@ impl Store {
     pub fn machine_image(&self, side: Side) -> Result<Option<MachineImage>, StoreError> {
         machine_image(&self.conn(), side)
     }
+
+    /// Every side's choice forgotten (the node wiped).
+    pub fn forget_machine_images(&self) -> Result<(), StoreError> {
+        self.conn().execute("DELETE FROM machine_images", [])?;
+        Ok(())
+    }
 }
 
 impl StoreReader {

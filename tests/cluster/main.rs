@@ -11,6 +11,7 @@ mod daemon;
 mod daemon_bad_env;
 mod exec_credentials;
 mod identity;
+mod machine_goal;
 mod op_cli;
 mod preflight;
 mod publisher;

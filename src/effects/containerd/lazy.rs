@@ -1,9 +1,9 @@
 //! containerd connected on first use: a host install never needs it for archive upgrades,
 //! and a daemon must not fail to start because containerd is down.
 
-use super::{GrpcContainerd, Heartbeat, RegistryConfig};
+use super::{GrpcContainerd, Heartbeat, IO_TIMEOUT, RegistryConfig};
 use crate::effects::{Containerd, EffectResult};
-use crate::lifecycle::agent::Sha256Hex;
+use crate::lifecycle::agent::{ImageRef, Sha256Hex};
 use std::path::{Path, PathBuf};
 use tokio::sync::OnceCell;
 
@@ -75,8 +75,9 @@ impl Containerd for LazyContainerd {
         self.client().await?.name_agent_image(digest).await
     }
 
-    async fn resolve_tag(&self, reference: &str) -> EffectResult<Sha256Hex> {
-        self.client().await?.resolve_tag(reference).await
+    /// The registry alone: no containerd connection needed.
+    async fn resolve_tag(&self, image: &ImageRef) -> EffectResult<Sha256Hex> {
+        super::registry::resolve_tag(image, &self.registry, IO_TIMEOUT).await
     }
 
     async fn pull_content(&self, reference: &str, digest: &Sha256Hex) -> EffectResult {

@@ -46,7 +46,7 @@ pub use spec::{BindMount, MANAGED_LABEL, MANAGED_VALUE, RUNC_RUNTIME, SPEC_TYPE_
 
 use super::host::agent_image_ref;
 use super::{Containerd, EffectError, EffectResult};
-use crate::lifecycle::agent::Sha256Hex;
+use crate::lifecycle::agent::{ImageRef, Sha256Hex};
 use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClient;
 use containerd_client::services::v1::{
     CreateImageRequest, DeleteImageRequest, Image, ListImagesRequest,
@@ -82,6 +82,9 @@ pub(super) const LEASE_EXPIRY_SECS: i64 = 24 * 3600;
 
 pub(super) const NS_HEADER: &str = "containerd-namespace";
 pub(super) const LEASE_HEADER: &str = "containerd-lease";
+
+/// How long one registry or containerd request may take, unless told otherwise.
+pub(super) const IO_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The production [`Containerd`]: one containerd reached over its gRPC socket.
 #[derive(Clone, Debug)]
@@ -156,7 +159,7 @@ impl GrpcContainerd {
             snapshotter: DEFAULT_SNAPSHOTTER.to_string(),
             os: "linux".into(),
             architecture: architecture.into(),
-            io_timeout: Duration::from_secs(60),
+            io_timeout: IO_TIMEOUT,
             progress: ProgressSink(log_progress()),
             heartbeat: HeartbeatSink(None),
             registry: RegistryConfig::default(),
@@ -305,8 +308,8 @@ impl Containerd for GrpcContainerd {
         GrpcContainerd::check_image(self, digest).await
     }
 
-    async fn resolve_tag(&self, reference: &str) -> EffectResult<Sha256Hex> {
-        GrpcContainerd::resolve_tag(self, reference).await
+    async fn resolve_tag(&self, image: &ImageRef) -> EffectResult<Sha256Hex> {
+        registry::resolve_tag(image, &self.registry, self.io_timeout).await
     }
 
     async fn pull_content(&self, reference: &str, digest: &Sha256Hex) -> EffectResult {

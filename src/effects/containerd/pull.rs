@@ -3,7 +3,7 @@
 
 use super::manifest::{Manifest, config_diff_ids, is_index, media_type_of, pick_platform};
 use super::progress::PullTracker;
-use super::registry::{BlobKind, Registry, RegistryRef, Repo};
+use super::registry::{BlobKind, Registry, RegistryRef};
 use super::{
     GrpcContainerd, MAX_SMALL_BLOB, PULLED_BY_LABEL, PULLED_BY_VALUE, PulledImage, WRITE_CHUNK,
     chain_ids, grpc_failed, is_agent_pulled, len_i64, parse_json, verify,
@@ -49,14 +49,6 @@ impl GrpcContainerd {
         digest: &Sha256Hex,
     ) -> EffectResult<PulledImage> {
         self.pull_with(reference, digest, Snapshots::Skip).await
-    }
-
-    /// The digest a tagged reference (`registry/repository:tag`) names at its registry now.
-    pub async fn resolve_tag(&self, reference: &str) -> EffectResult<Sha256Hex> {
-        let (repo, tag) = Repo::parse_tagged(reference)?;
-        Registry::new(repo, &self.registry, self.io_timeout)
-            .digest_of(&tag)
-            .await
     }
 
     async fn pull_with(

@@ -8,7 +8,7 @@
 use super::{MEDIA_DOCKER_LIST, MEDIA_DOCKER_MANIFEST, MEDIA_OCI_INDEX, MEDIA_OCI_MANIFEST};
 use crate::effects::http::{self, Trust, describe, ensure_crypto_provider};
 use crate::effects::{EffectError, EffectResult};
-use crate::lifecycle::agent::Sha256Hex;
+use crate::lifecycle::agent::{ImageRef, Sha256Hex};
 use futures::StreamExt;
 use futures::stream::{BoxStream, Fuse};
 use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
@@ -100,6 +100,24 @@ impl RegistryRef {
     }
 }
 
+/// The digest the tag of `image` names at its registry now (a node image pattern resolved):
+/// the registry reached as `config` says, each request within `timeout`.
+pub async fn resolve_tag(
+    image: &ImageRef,
+    config: &RegistryConfig,
+    timeout: Duration,
+) -> EffectResult<Sha256Hex> {
+    let tag = image
+        .tag
+        .as_deref()
+        .ok_or_else(|| EffectError::Failed(format!("image {image}: no tag to resolve")))?;
+    let repo = Repo::parse(
+        &format!("{}/{}", image.registry, image.repository),
+        "no tag",
+    )?;
+    Registry::new(repo, config, timeout).digest_of(tag).await
+}
+
 /// A registry and a repository in it: what a session is opened for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Repo {
@@ -139,24 +157,6 @@ impl Repo {
             registry: registry.to_string(),
             repository: repository.to_string(),
         })
-    }
-
-    /// `registry/repository:tag`, as a node image pattern names one before it is resolved.
-    pub(super) fn parse_tagged(reference: &str) -> EffectResult<(Self, String)> {
-        let bad = |why: &str| EffectError::Failed(format!("image reference: {why}"));
-        let (name, tag) = reference
-            .rsplit_once(':')
-            .filter(|(_, tag)| !tag.contains('/'))
-            .ok_or_else(|| bad("no tag (registry/repository:tag)"))?;
-        let tag_ok = !tag.is_empty()
-            && tag.len() <= 128
-            && tag
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
-        if !tag_ok {
-            return Err(bad("invalid tag"));
-        }
-        Ok((Self::parse(name, "one tag only")?, tag.to_string()))
     }
 
     pub(super) fn display(&self) -> String {

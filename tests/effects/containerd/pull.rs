@@ -272,15 +272,19 @@ async fn secure_registries_need_the_right_ca_and_credentials(flavor: Flavor) {
     // A node image pattern's tag resolved to its digest through the same token flow; a tag
     // the registry does not have is named, without a credential.
     let tagged = registry_agent(&tier, Some(&secure.lab_ca), Some(&secure.credentials)).await;
+    let image = |tag: &str| flexnode::lifecycle::agent::ImageRef {
+        registry: secure.token.clone(),
+        repository: "e2e/token".into(),
+        tag: Some(tag.into()),
+    };
     assert_eq!(
-        tagged
-            .resolve_tag(&format!("{}/e2e/token:v1", secure.token))
+        Containerd::resolve_tag(&tagged, &image("v1"))
             .await
             .expect("resolve"),
         token
     );
     let missing = format!("{}/e2e/token:v9", secure.token);
-    let m = match tagged.resolve_tag(&missing).await {
+    let m = match Containerd::resolve_tag(&tagged, &image("v9")).await {
         Err(EffectError::Failed(m)) => m,
         other => panic!("a missing tag: {other:?}"),
     };
