@@ -74,7 +74,7 @@ impl RegistryRef {
                 digest.oci()
             )));
         }
-        let repo = Repo::parse(name, "tags are not allowed")?;
+        let repo = Repo::parse(name)?;
         Ok(Self {
             registry: repo.registry,
             repository: repo.repository,
@@ -111,10 +111,7 @@ pub async fn resolve_tag(
         .tag
         .as_deref()
         .ok_or_else(|| EffectError::Failed(format!("image {image}: no tag to resolve")))?;
-    let repo = Repo::parse(
-        &format!("{}/{}", image.registry, image.repository),
-        "no tag",
-    )?;
+    let repo = Repo::parse(&format!("{}/{}", image.registry, image.repository))?;
     Registry::new(repo, config, timeout).digest_of(tag).await
 }
 
@@ -126,9 +123,8 @@ pub(super) struct Repo {
 }
 
 impl Repo {
-    /// `registry/repository`, checked as the pull needs it; `tagged` says what follows in the
-    /// reference when the repository has a colon.
-    fn parse(name: &str, tagged: &str) -> EffectResult<Self> {
+    /// `registry/repository`, checked as the pull needs it.
+    fn parse(name: &str) -> EffectResult<Self> {
         let bad = |why: &str| EffectError::Failed(format!("image reference: {why}"));
         let (registry, repository) = name
             .split_once('/')
@@ -151,7 +147,7 @@ impl Repo {
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-/".contains(&b))
             || repository.split('/').any(str::is_empty)
         {
-            return Err(bad(&format!("invalid repository name ({tagged})")));
+            return Err(bad("invalid repository name (tags are not allowed)"));
         }
         Ok(Self {
             registry: registry.to_string(),
