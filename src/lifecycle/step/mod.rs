@@ -7,13 +7,16 @@ mod repave;
 mod reset;
 mod upgrade;
 
+use super::agent::AgentBuild;
 use super::decide::{GoalDecision, decide};
 use super::effect::Effect;
 use super::input::{Claim, Input};
 use super::policy::Policy;
 use super::refusal::Refusal;
 use super::result::{MachinePhase, OpResult, ResultReason};
-use super::state::{NodeInfo, NodeState, OpRun, RepavePhase, ResetCause};
+use super::state::{
+    FinishedOps, Goal, JoinPhase, NodeInfo, NodeState, OpRun, RepavePhase, ResetCause,
+};
 use super::time::Timestamp;
 use claim::claim_operation;
 use join::{join, join_failed};
@@ -49,165 +52,34 @@ pub const MSG_SUCCESSOR_MISSING: &str =
     "upgraded agent did not take over; the last-good agent is running";
 pub const MSG_INTERRUPTED_BY_RESET: &str = "interrupted by a node reset";
 
-/// Decides what `input` means in `state` at wall-clock time `now`.
+/// Decides what `input` means in `state` at wall-clock time `now`: one step per state, each an
+/// exhaustive match over the input (no wildcard arm anywhere: a new input or state must be
+/// decided in every place).
 pub fn step(
     state: &NodeState,
     input: &Input,
     policy: &Policy,
     now: Timestamp,
 ) -> Result<Step, Refusal> {
-    use Input as I;
     use NodeState as S;
-    match (state, input) {
-        // ---- joining -------------------------------------------------------------------
-        (S::Unjoined { finished }, I::Join(req)) => Ok(join(finished, req, policy, now)),
-        (
-            S::Joining { .. }
-            | S::Ready { .. }
-            | S::Rebooting { .. }
-            | S::Upgrading { .. }
-            | S::Repaving { .. }
-            | S::Resetting { .. },
-            I::Join(_),
-        ) => Err(Refusal::AlreadyJoined),
-        (
-            S::Unjoined { .. },
-            I::OperationClaimed(_)
-            | I::GoalObserved(_)
-            | I::ResetRequested
-            | I::RecoveryRequested { .. },
-        ) => Err(Refusal::NotJoined),
-        (S::Unjoined { .. }, I::EffectsDone | I::EffectsFailed { .. }) => {
-            Err(Refusal::NothingPending { state: "Unjoined" })
-        }
-        (S::Unjoined { .. }, I::DaemonStarted { .. } | I::Tick) => Ok(Step::stay(state)),
-
-        (
-            S::Joining {
-                node,
-                phase,
-                deadline,
-            },
-            I::EffectsDone,
-        ) => Ok(join::effects_done(node, *phase, *deadline)),
-        (S::Joining { node, .. }, I::EffectsFailed { message }) => {
-            Ok(join_failed(node, &format!("join failed: {message}")))
-        }
-        (S::Joining { node, deadline, .. }, I::Tick) => Ok(if now >= *deadline {
-            join_failed(node, "join timed out")
-        } else {
-            Step::stay(state)
-        }),
-        (S::Joining { .. }, I::OperationClaimed(_) | I::GoalObserved(_)) => Err(busy(state)),
-        (S::Joining { node, .. }, I::ResetRequested) => {
-            Ok(reset(node, None, ResetCause::Cli, None, policy, now))
-        }
-        (
-            S::Joining { .. } | S::Ready { .. } | S::Rebooting { .. } | S::Repaving { .. },
-            I::RecoveryRequested { .. },
-        ) => Err(Refusal::NoUpgradePending),
-        (S::Joining { .. }, I::DaemonStarted { .. }) => Ok(Step::stay(state)),
-
-        // ---- ready ---------------------------------------------------------------------
-        (S::Ready { node }, I::OperationClaimed(claim)) => {
-            claim_operation(node, claim, policy, now)
-        }
-        (S::Ready { node }, I::GoalObserved(obs)) => Ok(match decide(obs, &node.applied) {
-            GoalDecision::ResetDelete => {
-                reset(node, None, ResetCause::DeletionSignal, None, policy, now)
-            }
-            GoalDecision::ApplyGoal(goal) => repave::start(node, goal, policy, now),
-            GoalDecision::WaitForMachineDelete
-            | GoalDecision::WaitForNodeSignal
-            | GoalDecision::Noop
-            | GoalDecision::Applied => Step::stay(state),
-        }),
-        (S::Ready { .. }, I::EffectsDone | I::EffectsFailed { .. }) => {
-            Err(Refusal::NothingPending { state: "Ready" })
-        }
-        (S::Ready { node }, I::DaemonStarted { running, selected }) => Ok(match selected {
-            // Another build is selected than runs (the agent restarted mid-switch onto the
-            // candidate, and the switch was undone since): the selected build must run.
-            Some(selected) if selected != running => Step::to(
-                S::Ready {
-                    node: NodeInfo {
-                        agent: selected.clone(),
-                        ..node.clone()
-                    },
-                },
-                vec![Effect::RestartAgent],
-            ),
-            Some(_) | None if running == &node.agent => Step::stay(state),
-            // Observation beats memory: record the build that actually runs.
-            Some(_) | None => Step::to(
-                S::Ready {
-                    node: NodeInfo {
-                        agent: running.clone(),
-                        ..node.clone()
-                    },
-                },
-                Vec::new(),
-            ),
-        }),
-        (S::Ready { node }, I::ResetRequested) => {
-            Ok(reset(node, None, ResetCause::Cli, None, policy, now))
-        }
-        (S::Ready { .. }, I::Tick) => Ok(Step::stay(state)),
-
-        // ---- NodeReboot ----------------------------------------------------------------
-        (S::Rebooting { node, run }, I::EffectsDone) => Ok(finish_reboot(
+    let at = At { state, policy, now };
+    match state {
+        S::Unjoined { finished } => unjoined(&at, finished, input),
+        S::Joining {
+            node,
+            phase,
+            deadline,
+        } => joining(&at, node, *phase, *deadline, input),
+        S::Ready { node } => ready(&at, node, input),
+        S::Rebooting { node, run } => rebooting(&at, node, run, input),
+        S::Upgrading {
             node,
             run,
-            ResultReason::Succeeded,
-            MSG_REBOOT_DONE,
-        )),
-        (S::Rebooting { node, run }, I::EffectsFailed { message }) => Ok(finish_reboot(
-            node,
-            run,
-            ResultReason::ExecutionFailed,
-            message,
-        )),
-        (S::Rebooting { node, run }, I::Tick) => Ok(if now >= run.deadline {
-            finish_reboot(
-                node,
-                run,
-                ResultReason::ExecutionFailed,
-                "NodeReboot timed out",
-            )
-        } else {
-            Step::stay(state)
-        }),
-        (S::Rebooting { run, .. } | S::Upgrading { run, .. }, I::OperationClaimed(claim)) => {
-            Err(refuse_claim(state, Some(run), claim))
-        }
-        (
-            S::Rebooting { .. } | S::Upgrading { .. } | S::Repaving { .. } | S::Resetting { .. },
-            I::GoalObserved(_),
-        ) => Err(busy(state)),
-        (
-            S::Rebooting { .. } | S::Repaving { .. } | S::Resetting { .. },
-            I::DaemonStarted { .. },
-        ) => Ok(Step::stay(state)),
-        (S::Rebooting { node, run } | S::Upgrading { node, run, .. }, I::ResetRequested) => {
-            Ok(reset(node, None, ResetCause::Cli, Some(run), policy, now))
-        }
-
-        // ---- AgentUpgrade --------------------------------------------------------------
-        (
-            S::Upgrading {
-                node,
-                run,
-                target,
-                candidate,
-                phase,
-            },
-            input @ (I::EffectsDone
-            | I::EffectsFailed { .. }
-            | I::DaemonStarted { .. }
-            | I::RecoveryRequested { .. }
-            | I::Tick),
-        ) => upgrade_step(
-            state,
+            target,
+            candidate,
+            phase,
+        } => upgrading(
+            &at,
             UpgradeCtx {
                 node,
                 run,
@@ -216,82 +88,21 @@ pub fn step(
                 phase,
             },
             input,
-            policy,
-            now,
         ),
-
-        // ---- repave --------------------------------------------------------------------
-        (
-            S::Repaving {
-                node,
-                goal,
-                phase,
-                deadline,
-            },
-            I::EffectsDone,
-        ) => Ok(repave::effects_done(node, goal, phase, *deadline)),
-        (
-            S::Repaving {
-                node,
-                goal,
-                phase,
-                deadline,
-            },
-            I::EffectsFailed { message },
-        ) => Ok(repave_failure(node, goal, phase, *deadline, message)),
-        (
-            S::Repaving {
-                node,
-                goal,
-                phase,
-                deadline,
-            },
-            I::Tick,
-        ) => Ok(match phase {
-            RepavePhase::Provisioning | RepavePhase::SwitchingOver if now >= *deadline => {
-                repave_failure(node, goal, phase, *deadline, "repave timed out")
-            }
-            // Bringing the old side back and removing the retired one are never given up
-            // at the deadline: a process that finds them interrupted finishes them.
-            RepavePhase::Provisioning
-            | RepavePhase::SwitchingOver
-            | RepavePhase::RollingBack { .. }
-            | RepavePhase::Retiring => Step::stay(state),
-        }),
-        (S::Repaving { .. }, I::OperationClaimed(claim)) => Err(refuse_claim(state, None, claim)),
-        (S::Repaving { node, .. }, I::ResetRequested) => {
-            Ok(reset(node, None, ResetCause::Cli, None, policy, now))
-        }
-
-        // ---- reset ---------------------------------------------------------------------
-        (
-            S::Resetting {
-                node,
-                run,
-                cause,
-                phase,
-                ..
-            },
-            I::EffectsDone,
-        ) => Ok(reset::effects_done(
+        S::Repaving {
             node,
-            run.as_ref(),
-            *cause,
+            goal,
             phase,
-            policy,
-            now,
-        )),
-        (
-            S::Resetting {
-                node,
-                run,
-                cause,
-                phase,
-                deadline,
-            },
-            input @ (I::EffectsFailed { .. } | I::Tick),
-        ) => Ok(reset::failed_or_due(
-            state,
+            deadline,
+        } => repaving(&at, node, (goal, phase, *deadline), input),
+        S::Resetting {
+            node,
+            run,
+            cause,
+            phase,
+            deadline,
+        } => resetting(
+            &at,
             reset::Resetting {
                 node,
                 run: run.as_ref(),
@@ -300,14 +111,199 @@ pub fn step(
                 deadline: *deadline,
             },
             input,
-            policy,
-            now,
-        )),
-        (S::Resetting { run, .. }, I::OperationClaimed(claim)) => {
-            Err(refuse_claim(state, run.as_ref(), claim))
+        ),
+    }
+}
+
+/// What every state's step is given besides its own data.
+struct At<'a> {
+    state: &'a NodeState,
+    policy: &'a Policy,
+    now: Timestamp,
+}
+
+impl At<'_> {
+    fn stay(&self) -> Step {
+        Step::stay(self.state)
+    }
+
+    /// The operator's `flexnode reset`, ending `run` if one is under way.
+    fn reset(&self, node: &NodeInfo, run: Option<&OpRun>) -> Step {
+        reset(node, None, ResetCause::Cli, run, self.policy, self.now)
+    }
+}
+
+fn unjoined(at: &At, finished: &FinishedOps, input: &Input) -> Result<Step, Refusal> {
+    use Input as I;
+    match input {
+        I::Join(req) => Ok(join(finished, req, at.policy, at.now)),
+        I::OperationClaimed(_)
+        | I::GoalObserved(_)
+        | I::ResetRequested
+        | I::RecoveryRequested { .. } => Err(Refusal::NotJoined),
+        I::EffectsDone | I::EffectsFailed { .. } => {
+            Err(Refusal::NothingPending { state: "Unjoined" })
         }
-        (S::Resetting { .. }, I::ResetRequested) => Err(Refusal::ResetUnderWay),
-        (S::Resetting { .. }, I::RecoveryRequested { .. }) => Err(Refusal::NoUpgradePending),
+        I::DaemonStarted { .. } | I::Tick => Ok(at.stay()),
+    }
+}
+
+fn joining(
+    at: &At,
+    node: &NodeInfo,
+    phase: JoinPhase,
+    deadline: Timestamp,
+    input: &Input,
+) -> Result<Step, Refusal> {
+    use Input as I;
+    match input {
+        I::EffectsDone => Ok(join::effects_done(node, phase, deadline)),
+        I::EffectsFailed { message } => Ok(join_failed(node, &format!("join failed: {message}"))),
+        I::Tick if at.now >= deadline => Ok(join_failed(node, "join timed out")),
+        I::Tick | I::DaemonStarted { .. } => Ok(at.stay()),
+        I::ResetRequested => Ok(at.reset(node, None)),
+        I::Join(_) => Err(Refusal::AlreadyJoined),
+        I::OperationClaimed(_) | I::GoalObserved(_) => Err(busy(at.state)),
+        I::RecoveryRequested { .. } => Err(Refusal::NoUpgradePending),
+    }
+}
+
+fn ready(at: &At, node: &NodeInfo, input: &Input) -> Result<Step, Refusal> {
+    use Input as I;
+    match input {
+        I::OperationClaimed(claim) => claim_operation(node, claim, at.policy, at.now),
+        I::GoalObserved(obs) => Ok(match decide(obs, &node.applied) {
+            GoalDecision::ResetDelete => reset(
+                node,
+                None,
+                ResetCause::DeletionSignal,
+                None,
+                at.policy,
+                at.now,
+            ),
+            GoalDecision::ApplyGoal(goal) => repave::start(node, goal, at.policy, at.now),
+            GoalDecision::WaitForMachineDelete
+            | GoalDecision::WaitForNodeSignal
+            | GoalDecision::Noop
+            | GoalDecision::Applied => at.stay(),
+        }),
+        I::DaemonStarted { running, selected } => {
+            Ok(daemon_started(at, node, running, selected.as_ref()))
+        }
+        I::ResetRequested => Ok(at.reset(node, None)),
+        I::Tick => Ok(at.stay()),
+        I::Join(_) => Err(Refusal::AlreadyJoined),
+        I::EffectsDone | I::EffectsFailed { .. } => Err(Refusal::NothingPending { state: "Ready" }),
+        I::RecoveryRequested { .. } => Err(Refusal::NoUpgradePending),
+    }
+}
+
+/// A daemon started on a node at rest.
+fn daemon_started(
+    at: &At,
+    node: &NodeInfo,
+    running: &AgentBuild,
+    selected: Option<&AgentBuild>,
+) -> Step {
+    let ready = |agent: &AgentBuild| NodeState::Ready {
+        node: NodeInfo {
+            agent: agent.clone(),
+            ..node.clone()
+        },
+    };
+    match selected {
+        // Another build is selected than runs (the agent restarted mid-switch onto the
+        // candidate, and the switch was undone since): the selected build must run.
+        Some(selected) if selected != running => {
+            Step::to(ready(selected), vec![Effect::RestartAgent])
+        }
+        Some(_) | None if running == &node.agent => at.stay(),
+        // Observation beats memory: record the build that actually runs.
+        Some(_) | None => Step::to(ready(running), Vec::new()),
+    }
+}
+
+fn rebooting(at: &At, node: &NodeInfo, run: &OpRun, input: &Input) -> Result<Step, Refusal> {
+    use Input as I;
+    use ResultReason as R;
+    match input {
+        I::EffectsDone => Ok(finish_reboot(node, run, R::Succeeded, MSG_REBOOT_DONE)),
+        I::EffectsFailed { message } => Ok(finish_reboot(node, run, R::ExecutionFailed, message)),
+        I::Tick if at.now >= run.deadline => Ok(finish_reboot(
+            node,
+            run,
+            R::ExecutionFailed,
+            "NodeReboot timed out",
+        )),
+        I::Tick | I::DaemonStarted { .. } => Ok(at.stay()),
+        I::ResetRequested => Ok(at.reset(node, Some(run))),
+        I::Join(_) => Err(Refusal::AlreadyJoined),
+        I::OperationClaimed(claim) => Err(refuse_claim(at.state, Some(run), claim)),
+        I::GoalObserved(_) => Err(busy(at.state)),
+        I::RecoveryRequested { .. } => Err(Refusal::NoUpgradePending),
+    }
+}
+
+fn upgrading(at: &At, u: UpgradeCtx, input: &Input) -> Result<Step, Refusal> {
+    use Input as I;
+    match input {
+        I::EffectsDone
+        | I::EffectsFailed { .. }
+        | I::DaemonStarted { .. }
+        | I::RecoveryRequested { .. }
+        | I::Tick => upgrade_step(at.state, u, input, at.policy, at.now),
+        I::ResetRequested => Ok(at.reset(u.node, Some(u.run))),
+        I::Join(_) => Err(Refusal::AlreadyJoined),
+        I::OperationClaimed(claim) => Err(refuse_claim(at.state, Some(u.run), claim)),
+        I::GoalObserved(_) => Err(busy(at.state)),
+    }
+}
+
+fn repaving(
+    at: &At,
+    node: &NodeInfo,
+    (goal, phase, deadline): (&Goal, &RepavePhase, Timestamp),
+    input: &Input,
+) -> Result<Step, Refusal> {
+    use Input as I;
+    match input {
+        I::EffectsDone => Ok(repave::effects_done(node, goal, phase, deadline)),
+        I::EffectsFailed { message } => Ok(repave_failure(node, goal, phase, deadline, message)),
+        I::Tick => Ok(match phase {
+            RepavePhase::Provisioning | RepavePhase::SwitchingOver if at.now >= deadline => {
+                repave_failure(node, goal, phase, deadline, "repave timed out")
+            }
+            // Bringing the old side back and removing the retired one are never given up
+            // at the deadline: a process that finds them interrupted finishes them.
+            RepavePhase::Provisioning
+            | RepavePhase::SwitchingOver
+            | RepavePhase::RollingBack { .. }
+            | RepavePhase::Retiring => at.stay(),
+        }),
+        I::DaemonStarted { .. } => Ok(at.stay()),
+        I::ResetRequested => Ok(at.reset(node, None)),
+        I::Join(_) => Err(Refusal::AlreadyJoined),
+        I::OperationClaimed(claim) => Err(refuse_claim(at.state, None, claim)),
+        I::GoalObserved(_) => Err(busy(at.state)),
+        I::RecoveryRequested { .. } => Err(Refusal::NoUpgradePending),
+    }
+}
+
+fn resetting(at: &At, r: reset::Resetting, input: &Input) -> Result<Step, Refusal> {
+    use Input as I;
+    match input {
+        I::EffectsDone => Ok(reset::effects_done(
+            r.node, r.run, r.cause, r.phase, at.policy, at.now,
+        )),
+        I::EffectsFailed { .. } | I::Tick => {
+            Ok(reset::failed_or_due(at.state, r, input, at.policy, at.now))
+        }
+        I::DaemonStarted { .. } => Ok(at.stay()),
+        I::Join(_) => Err(Refusal::AlreadyJoined),
+        I::OperationClaimed(claim) => Err(refuse_claim(at.state, r.run, claim)),
+        I::GoalObserved(_) => Err(busy(at.state)),
+        I::ResetRequested => Err(Refusal::ResetUnderWay),
+        I::RecoveryRequested { .. } => Err(Refusal::NoUpgradePending),
     }
 }
 

@@ -1,5 +1,5 @@
 //! AgentUpgrade after the claim: stage, switch, hand off to the successor daemon, and every
-//! way back (abort, recovery, deadlines), as one exhaustive match over phase × input.
+//! way back (abort, recovery, deadlines): one step per input, each exhaustive over the phase.
 
 use super::{MSG_RESTART_FAILED, MSG_SUCCESSOR_MISSING, MSG_UPGRADE_DONE, Step, busy, finish};
 use crate::lifecycle::agent::{AgentBuild, UpgradeTarget};
@@ -10,6 +10,7 @@ use crate::lifecycle::refusal::Refusal;
 use crate::lifecycle::result::ResultReason;
 use crate::lifecycle::state::{NodeInfo, NodeState, OpRun, UpgradePhase};
 use crate::lifecycle::time::Timestamp;
+use UpgradePhase as P;
 
 pub(super) struct UpgradeCtx<'a> {
     pub(super) node: &'a NodeInfo,
@@ -85,6 +86,8 @@ impl UpgradeCtx<'_> {
     }
 }
 
+/// The upgrade's next step for `input`: one named step per input, each an exhaustive match
+/// over the phase.
 pub(super) fn upgrade_step(
     state: &NodeState,
     u: UpgradeCtx<'_>,
@@ -93,155 +96,153 @@ pub(super) fn upgrade_step(
     now: Timestamp,
 ) -> Result<Step, Refusal> {
     use Input as I;
-    use UpgradePhase as P;
-    let timed_out = now >= u.run.deadline;
-    let discard = || Effect::DiscardCandidate {
-        candidate: u.candidate.clone(),
-    };
-    Ok(match (u.phase, input) {
-        (P::Staging, I::EffectsDone) => Step::to(
-            u.with_phase(P::Switching, now.plus_secs(policy.switch_secs)),
-            vec![Effect::SwitchAgent {
-                mode: u.node.mode,
-                to: u.candidate.clone(),
-                last_good: u.node.agent.clone(),
-            }],
-        ),
-        (P::Switching, I::EffectsDone) => Step::to(
-            u.with_phase(P::HandingOff, now.plus_secs(policy.handoff_secs)),
-            vec![Effect::ScheduleAgentRestart {
-                delay_ms: policy.restart_delay_ms,
-            }],
-        ),
-        (P::Staging, I::EffectsFailed { message }) => {
-            u.abort(message, vec![discard()], policy, now)
+    Ok(match input {
+        I::EffectsDone => u.effects_done(state, policy, now),
+        I::EffectsFailed { message } => u.effects_failed(message, policy, now),
+        I::DaemonStarted { running, .. } => u.daemon_started(state, running),
+        I::RecoveryRequested { message } => u.recovery(message, policy, now)?,
+        I::Tick => u.tick(state, policy, now),
+        I::Join(_) | I::OperationClaimed(_) | I::GoalObserved(_) | I::ResetRequested => {
+            return Err(busy(state));
         }
-        (P::Staging, I::Tick) if timed_out => {
-            u.abort("staging timed out", vec![discard()], policy, now)
+    })
+}
+
+impl UpgradeCtx<'_> {
+    fn discard(&self) -> Effect {
+        Effect::DiscardCandidate {
+            candidate: self.candidate.clone(),
         }
-        (P::Switching, I::EffectsFailed { message }) => {
-            u.abort(message, vec![u.switch_back()], policy, now)
+    }
+
+    /// A phase's effects done: the next phase, or the rollback's result.
+    fn effects_done(&self, state: &NodeState, policy: &Policy, now: Timestamp) -> Step {
+        match self.phase {
+            P::Staging => Step::to(
+                self.with_phase(P::Switching, now.plus_secs(policy.switch_secs)),
+                vec![Effect::SwitchAgent {
+                    mode: self.node.mode,
+                    to: self.candidate.clone(),
+                    last_good: self.node.agent.clone(),
+                }],
+            ),
+            P::Switching => Step::to(
+                self.with_phase(P::HandingOff, now.plus_secs(policy.handoff_secs)),
+                vec![Effect::ScheduleAgentRestart {
+                    delay_ms: policy.restart_delay_ms,
+                }],
+            ),
+            P::RollingBack {
+                reason,
+                message,
+                restart: false,
+            } => finish(
+                &self.node_after_failure(&self.node.agent),
+                self.run,
+                *reason,
+                message,
+            ),
+            // Waiting for the successor daemon (or the restarted old one).
+            P::HandingOff | P::RollingBack { restart: true, .. } => Step::stay(state),
         }
-        (P::Switching, I::Tick) if timed_out => {
-            u.abort("switching timed out", vec![u.switch_back()], policy, now)
-        }
-        (P::HandingOff, I::EffectsFailed { .. }) => {
-            u.abort(MSG_RESTART_FAILED, vec![u.switch_back()], policy, now)
-        }
-        (P::HandingOff, I::Tick) if timed_out => {
-            u.abort(MSG_RESTART_FAILED, vec![u.switch_back()], policy, now)
-        }
-        (P::HandingOff, I::DaemonStarted { running, .. }) => {
-            if running == u.candidate {
-                u.judge(running, ResultReason::Succeeded, MSG_UPGRADE_DONE)
-            } else {
-                u.judge(running, ResultReason::DaemonFailed, MSG_SUCCESSOR_MISSING)
-            }
-        }
-        // The recovery unit (running the last-good build) found the agent crash-looping.
-        (P::Staging | P::Switching | P::HandingOff, I::RecoveryRequested { message }) => {
-            let undo = match u.phase {
-                P::Staging => vec![discard(), Effect::RestartAgent],
-                P::Switching | P::HandingOff | P::RollingBack { .. } => {
-                    vec![u.switch_back(), Effect::RestartAgent]
-                }
-            };
-            Step::to(
-                u.with_phase(
+    }
+
+    /// A phase's effects failed: undo it; an undo that failed restarts onto whatever is
+    /// selected and lets that daemon report.
+    fn effects_failed(&self, why: &str, policy: &Policy, now: Timestamp) -> Step {
+        match self.phase {
+            P::Staging => self.abort(why, vec![self.discard()], policy, now),
+            P::Switching => self.abort(why, vec![self.switch_back()], policy, now),
+            P::HandingOff => self.abort(MSG_RESTART_FAILED, vec![self.switch_back()], policy, now),
+            P::RollingBack {
+                reason,
+                message,
+                restart: false,
+            } => Step::to(
+                self.with_phase(
                     P::RollingBack {
-                        reason: ResultReason::DaemonFailed,
-                        message: message.clone(),
+                        reason: *reason,
+                        message: format!("{message}; rollback failed: {why}"),
                         restart: true,
                     },
                     now.plus_secs(policy.rollback_secs),
                 ),
-                undo,
-            )
-        }
-        (P::RollingBack { .. }, I::RecoveryRequested { .. }) => {
-            return Err(Refusal::NoUpgradePending);
-        }
-        (
+                vec![Effect::RestartAgent],
+            ),
             P::RollingBack {
                 reason,
                 message,
-                restart: false,
-            },
-            I::EffectsDone,
-        ) => finish(
-            &u.node_after_failure(&u.node.agent),
-            u.run,
-            *reason,
-            message,
-        ),
-        // The undo failed: restart onto whatever is selected and let that daemon report.
-        (
+                restart: true,
+            } => finish(
+                self.node,
+                self.run,
+                *reason,
+                &format!("{message}; restarting the agent failed: {why}"),
+            ),
+        }
+    }
+
+    /// A daemon started: after a hand-off or a restarting rollback, it decides the result.
+    fn daemon_started(&self, state: &NodeState, running: &AgentBuild) -> Step {
+        match self.phase {
+            P::HandingOff if running == self.candidate => {
+                self.judge(running, ResultReason::Succeeded, MSG_UPGRADE_DONE)
+            }
+            P::HandingOff => self.judge(running, ResultReason::DaemonFailed, MSG_SUCCESSOR_MISSING),
             P::RollingBack {
                 reason,
                 message,
-                restart: false,
-            },
-            I::EffectsFailed { message: why },
-        ) => Step::to(
-            u.with_phase(
+                restart: true,
+            } => self.judge(running, *reason, message),
+            P::Staging | P::Switching | P::RollingBack { restart: false, .. } => Step::stay(state),
+        }
+    }
+
+    /// The recovery unit (running the last-good build) found the agent crash-looping.
+    fn recovery(&self, message: &str, policy: &Policy, now: Timestamp) -> Result<Step, Refusal> {
+        let undo = match self.phase {
+            P::Staging => vec![self.discard(), Effect::RestartAgent],
+            P::Switching | P::HandingOff => vec![self.switch_back(), Effect::RestartAgent],
+            P::RollingBack { .. } => return Err(Refusal::NoUpgradePending),
+        };
+        Ok(Step::to(
+            self.with_phase(
                 P::RollingBack {
-                    reason: *reason,
-                    message: format!("{message}; rollback failed: {why}"),
+                    reason: ResultReason::DaemonFailed,
+                    message: message.to_string(),
                     restart: true,
                 },
                 now.plus_secs(policy.rollback_secs),
             ),
-            vec![Effect::RestartAgent],
-        ),
-        (
-            P::RollingBack {
-                reason,
-                message,
-                restart: true,
-            },
-            I::DaemonStarted { running, .. },
-        ) => u.judge(running, *reason, message),
-        (
-            P::RollingBack {
-                reason,
-                message,
-                restart: true,
-            },
-            I::EffectsFailed { message: why },
-        ) => finish(
-            u.node,
-            u.run,
-            *reason,
-            &format!("{message}; restarting the agent failed: {why}"),
-        ),
-        // The restart onto the old build never came.
-        (
-            P::RollingBack {
-                reason,
-                message,
-                restart: true,
-            },
-            I::Tick,
-        ) if timed_out => finish(
-            u.node,
-            u.run,
-            *reason,
-            &format!("{message}; rollback timed out"),
-        ),
-        // Waiting: for effects, the successor daemon, or the deadline. An undo is never given
-        // up at its deadline: a process that finds one interrupted finishes it
-        // (`src/exec/mod.rs`), since the build it undoes may still be selected.
-        (P::HandingOff | P::RollingBack { restart: true, .. }, I::EffectsDone)
-        | (
-            P::Staging | P::Switching | P::RollingBack { restart: false, .. },
-            I::DaemonStarted { .. },
-        )
-        | (P::Staging | P::Switching | P::HandingOff | P::RollingBack { .. }, I::Tick) => {
-            Step::stay(state)
+            undo,
+        ))
+    }
+
+    /// Time passed: past the deadline a forward phase is undone and a restart that never came
+    /// ends the operation. An undo is never given up at its deadline: a process that finds
+    /// one interrupted finishes it (`src/exec/mod.rs`), since the build it undoes may still be
+    /// selected.
+    fn tick(&self, state: &NodeState, policy: &Policy, now: Timestamp) -> Step {
+        if now < self.run.deadline {
+            return Step::stay(state);
         }
-        (
-            P::Staging | P::Switching | P::HandingOff | P::RollingBack { .. },
-            I::Join(_) | I::OperationClaimed(_) | I::GoalObserved(_) | I::ResetRequested,
-        ) => return Err(busy(state)),
-    })
+        match self.phase {
+            P::Staging => self.abort("staging timed out", vec![self.discard()], policy, now),
+            P::Switching => {
+                self.abort("switching timed out", vec![self.switch_back()], policy, now)
+            }
+            P::HandingOff => self.abort(MSG_RESTART_FAILED, vec![self.switch_back()], policy, now),
+            P::RollingBack {
+                reason,
+                message,
+                restart: true,
+            } => finish(
+                self.node,
+                self.run,
+                *reason,
+                &format!("{message}; rollback timed out"),
+            ),
+            P::RollingBack { restart: false, .. } => Step::stay(state),
+        }
+    }
 }
