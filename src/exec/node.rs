@@ -295,10 +295,15 @@ fn describe(seen: Option<&NodeSeen>) -> String {
 
 /// `registry/repository:tag@sha256:…`: what a resolved tag is recorded and shown as.
 fn reference_of(tagged: &ImageRef, digest: &Sha256Hex) -> String {
-    let shown = tagged.to_string();
+    let tag = tagged
+        .tag
+        .as_deref()
+        .map(|t| format!(":{t}"))
+        .unwrap_or_default();
     format!(
-        "{}@{}",
-        shown.strip_prefix("oci://").unwrap_or(&shown),
+        "{}/{}{tag}@{}",
+        tagged.registry,
+        tagged.repository,
         digest.oci()
     )
 }

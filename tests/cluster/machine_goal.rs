@@ -29,6 +29,16 @@ async fn patch(machines: &Api<Machine>, name: &str, spec: serde_json::Value) {
         .expect("patch the Machine");
 }
 
+/// A control plane with node `name`'s Node and Machine, and its agent joined and running.
+async fn joined(name: &str) -> (Lab, kube::Client, Agent) {
+    let lab = Lab::up();
+    apply_rbac(&lab);
+    let client = admin(&lab).await;
+    create_node_and_machine(&client, name, &[]).await;
+    let agent = Agent::join(&lab, name, InstallMode::Host).await;
+    (lab, client, agent)
+}
+
 async fn condition(machines: &Api<Machine>, name: &str, type_: &str) -> Option<Condition> {
     machines
         .get(name)
@@ -43,11 +53,7 @@ async fn condition(machines: &Api<Machine>, name: &str, type_: &str) -> Option<C
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[tier(controlplane)]
 async fn the_machine_s_labels_and_taints_are_the_goal_a_repave_applies() {
-    let lab = Lab::up();
-    apply_rbac(&lab);
-    let client = admin(&lab).await;
-    create_node_and_machine(&client, "edge-11", &[]).await;
-    let agent = Agent::join(&lab, "edge-11", InstallMode::Host).await;
+    let (_lab, client, agent) = joined("edge-11").await;
     let machines: Api<Machine> = Api::all(client.clone());
     patch(
         &machines,
@@ -89,11 +95,7 @@ async fn the_machine_s_labels_and_taints_are_the_goal_a_repave_applies() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[tier(controlplane)]
 async fn a_machine_s_downloads_are_said_to_be_ignored() {
-    let lab = Lab::up();
-    apply_rbac(&lab);
-    let client = admin(&lab).await;
-    create_node_and_machine(&client, "edge-12", &[]).await;
-    let _agent = Agent::join(&lab, "edge-12", InstallMode::Host).await;
+    let (_lab, client, _agent) = joined("edge-12").await;
     let machines: Api<Machine> = Api::all(client.clone());
     patch(
         &machines,
