@@ -8,8 +8,8 @@ use flexnode_test_tier::tier;
 use std::path::Path;
 use support::Lab;
 
-#[test]
 #[tier(controlplane)]
+#[test]
 fn crds_accept_the_upstream_examples_and_select_by_machine_ref() {
     let lab = Lab::up();
     let samples = Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/samples");
@@ -122,8 +122,8 @@ fn upstream_examples() -> Vec<serde_json::Value> {
     found
 }
 
-#[test]
 #[tier(controlplane)]
+#[test]
 fn upstream_documentation_manifests_apply_unchanged() {
     let examples = upstream_examples();
     assert!(

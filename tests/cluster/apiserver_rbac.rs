@@ -119,8 +119,8 @@ pub(crate) fn until_refused_by(
     }
 }
 
-#[test]
 #[tier(controlplane)]
+#[test]
 fn agents_write_only_their_own_node_s_operations_and_machine() {
     let lab = Lab::up();
     let started = Instant::now();

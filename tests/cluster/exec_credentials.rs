@@ -10,6 +10,7 @@ use crate::apiserver_rbac::{
 };
 use crate::support::Lab;
 use flexnode::config::kubeconfig::client_from_kubeconfig;
+use flexnode_test_tier::tier;
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use kube::api::{Api, PostParams};
 use std::os::unix::fs::PermissionsExt;
@@ -100,6 +101,7 @@ fn token(args: &[&str]) -> (bool, String) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tier(controlplane)]
 async fn exec_credentials_become_the_agents_and_the_kubelets_identity() {
     let lab = Lab::up_with_issuer();
     let rbac = Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/rbac");

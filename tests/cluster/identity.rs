@@ -20,6 +20,7 @@ use flexnode::identity::request::{RequestError, obtain};
 use flexnode::identity::rotation::{Renewer, Swappable};
 use flexnode::lifecycle::agent::InstallMode;
 use flexnode::reconcile::DaemonConfig;
+use flexnode_test_tier::tier;
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestSpec,
@@ -112,6 +113,19 @@ fn request<'a>(
     }
 }
 
+/// `node`'s first certificate in `kubeconfig`, through a token bound to it, asked to live
+/// 600 s (the renewal tests' shortest life; the approver must run).
+async fn short_lived(lab: &Lab, node: &str, kubeconfig: &Path) -> flexnode::identity::csr::Issued {
+    let (server, ca) = (lab.state("APISERVER_URL"), ca(lab));
+    let token = token(lab, "3600", &bound_to(node));
+    let mut first = request(&server, &ca, node, &token, kubeconfig);
+    first.expiration_seconds = Some(600);
+    let Obtained::New(first) = by_token(first, now(), WAIT, |_| {}).await.expect("joined") else {
+        panic!("a first certificate is new")
+    };
+    first
+}
+
 /// A join's certificate for `node` with `token`, waiting at most [`WAIT`].
 async fn join(
     server: &str,
@@ -175,6 +189,7 @@ async fn events_of(admin: &Client, name: &str) -> Vec<(String, String, String)> 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tier(controlplane)]
 async fn a_node_bound_token_gets_its_nodes_identity_and_no_other() {
     // The approver's metrics are the process's (src/metrics.rs): counted here alone.
     if !crate::support::in_own_process(
@@ -366,6 +381,7 @@ async fn a_node_bound_token_gets_its_nodes_identity_and_no_other() {
 /// up waiting (or died) asks again with the same request and takes its certificate once an
 /// approver decides it; an expired token is refused as such (`join` exits 78 on it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tier(controlplane)]
 async fn a_join_that_gave_up_waiting_finds_its_request_again() {
     let lab = Lab::up_with_controllers();
     apply_rbac(&lab);
@@ -513,20 +529,15 @@ async fn completed(admin: &Client, name: &str) {
 /// operations before, between and after the renewals done, and not one request of the
 /// agent's refused (401/403) in the API server's audit log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tier(controlplane)]
 async fn the_daemon_renews_its_certificate_twice_without_a_restart_or_a_failed_request() {
     let lab = Lab::up_audited_with_controllers();
     apply_rbac(&lab);
     let admin = admin(&lab).await;
     let approver = tokio::spawn(flexnode::approver::run(approver_client(&lab).await));
-    let (server, ca) = (lab.state("APISERVER_URL"), ca(&lab));
-    let token_r = token(&lab, "3600", &bound_to("node-r"));
     let dir = tempfile::tempdir().expect("tmp");
     let kubeconfig = dir.path().join("kubeconfig");
-    let mut first = request(&server, &ca, "node-r", &token_r, &kubeconfig);
-    first.expiration_seconds = Some(600);
-    let Obtained::New(first) = by_token(first, now(), WAIT, |_| {}).await.expect("joined") else {
-        panic!("a first certificate is new")
-    };
+    let first = short_lived(&lab, "node-r", &kubeconfig).await;
     create_node_and_machine(&admin, "node-r", &[]).await;
     let audit_from = lab.audit_len();
     let (client, swap) = Swappable::new(client_from_kubeconfig(&kubeconfig).await.expect("client"));
@@ -606,19 +617,14 @@ async fn the_daemon_renews_its_certificate_twice_without_a_restart_or_a_failed_r
 /// renewer tries again (5 s, doubling) and renews once the API server is back, without
 /// waiting for the next point.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tier(controlplane)]
 async fn a_renewal_point_passed_while_the_api_server_was_away_is_caught_up() {
     let lab = Lab::up_with_controllers();
     apply_rbac(&lab);
     let approver = tokio::spawn(flexnode::approver::run(approver_client(&lab).await));
-    let (server, ca) = (lab.state("APISERVER_URL"), ca(&lab));
-    let token_w = token(&lab, "3600", &bound_to("node-w"));
     let dir = tempfile::tempdir().expect("tmp");
     let kubeconfig = dir.path().join("kubeconfig");
-    let mut first = request(&server, &ca, "node-w", &token_w, &kubeconfig);
-    first.expiration_seconds = Some(600);
-    let Obtained::New(first) = by_token(first, now(), WAIT, |_| {}).await.expect("joined") else {
-        panic!("a first certificate is new")
-    };
+    let first = short_lived(&lab, "node-w", &kubeconfig).await;
     let (_client, swap) =
         Swappable::new(client_from_kubeconfig(&kubeconfig).await.expect("client"));
     // A renewal point 8 s from now, which passes while the API server is away.
@@ -675,6 +681,7 @@ fn expired_kubeconfig(lab: &Lab, path: &Path) {
 /// start replaces it through the bootstrap token while that is valid; with the token expired
 /// too, the start is refused with `CertificateExpired`, which only an operator ends (78).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tier(controlplane)]
 async fn a_certificate_expired_while_the_node_was_off_is_replaced_through_the_token() {
     let lab = Lab::up_with_controllers();
     apply_rbac(&lab);

@@ -7,6 +7,7 @@
 use crate::support::Lab;
 use crate::support::agent::apply_rbac;
 use flexnode::cli::preflight::CHECKS;
+use flexnode_test_tier::tier;
 use serde_json::Value;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -52,6 +53,7 @@ fn status<'a>(
         .unwrap_or_else(|| panic!("no {name}: {checks:?}"))
 }
 
+#[tier(controlplane)]
 #[test]
 fn preflight_checks_the_api_server_the_credential_and_the_clock() {
     let lab = Lab::up();

@@ -4,6 +4,7 @@
 //! the API server's audit log. A request lost on its way is sent again, a few times.
 
 use crate::support;
+use flexnode_test_tier::tier;
 
 use flexnode::api::MachineOperation;
 use flexnode::api::machine_operation::OperationPhase;
@@ -57,6 +58,7 @@ fn done() -> OpResult {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tier(controlplane)]
 async fn writes_start_from_the_known_copy_and_a_stale_or_replaced_one_is_read_afresh() {
     let lab = Lab::up_audited();
     apply_rbac(&lab);
@@ -147,6 +149,7 @@ async fn client_through(lab: &Lab, node: &str) -> (kube::Client, LossyRelay) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tier(controlplane)]
 async fn a_status_write_lost_on_its_way_is_sent_again_a_few_times() {
     let lab = Lab::up_audited();
     apply_rbac(&lab);

@@ -105,8 +105,8 @@ fn openssl(args: &[&str], file: &Path) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-#[test]
 #[tier(controlplane)]
+#[test]
 fn a_kubelet_bootstraps_its_client_certificate_with_a_bootstrap_token() {
     let lab = Lab::up_with_controllers();
     let kubelet = lab.bin().join("kubelet");
@@ -176,8 +176,8 @@ fn a_kubelet_bootstraps_its_client_certificate_with_a_bootstrap_token() {
     );
 }
 
-#[test]
 #[tier(controlplane)]
+#[test]
 fn an_expired_bootstrap_token_is_refused() {
     let lab = Lab::up_with_controllers();
     let expired = bootstrap_token(&lab, "0");
@@ -202,8 +202,8 @@ fn an_expired_bootstrap_token_is_refused() {
     }
 }
 
-#[test]
 #[tier(controlplane)]
+#[test]
 fn the_scheduler_marks_a_pod_unschedulable_while_no_node_exists() {
     let lab = Lab::up_with_controllers();
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -248,8 +248,8 @@ fn the_scheduler_marks_a_pod_unschedulable_while_no_node_exists() {
 /// and a token file) are what the real kubelet bootstraps with. The kubelet runs on this host, so the
 /// machine's absolute paths are moved under a temporary root (`bootstrapped` gives it a
 /// runtime socket that never answers).
-#[test]
 #[tier(controlplane)]
+#[test]
 fn the_machine_files_bootstrap_the_real_kubelet() {
     use flexnode::effects::host::kubelet::files_from;
     use flexnode::effects::host::{KUBELET_ENV, KubeletInputs};

@@ -1,6 +1,9 @@
 //! `#[tier(controlplane)]` on a test: compiled as ignored, with the reason
 //! `SKIPPED controlplane: FLEXNODE_SKIP_CONTROLPLANE=1`, when `build.rs` set the tier's skip cfg
 //! (its variable is exactly `1`); the test itself still calls `require` (tests/support/tier.rs).
+//! Above a plain `#[test]` (below `#[tokio::test]`, which keeps the attributes after it): under
+//! `#[test]` the skip never took effect (the cluster and node crates' sync tests failed with the
+//! tier skipped).
 //! `#[tier(nspawn, controlplane)]`: a test of two tiers, ignored when either is skipped (with
 //! the first one's reason when both are). A tier's variable is `FLEXNODE_SKIP_` and its name in
 //! capitals (`host_suite` is the tier `host-suite`, `FLEXNODE_SKIP_HOST_SUITE`); a name
