@@ -59,8 +59,9 @@ fn assert_node_certificate(lab: &Lab, pki: &Path, node: &str) {
     assert!(verified.trim().ends_with(": OK"), "{verified}");
 }
 
-/// Runs the lab's kubelet with `args` until it has bootstrapped its client certificate, then
-/// stops it; returns its certificate directory. Its state goes under `root`, and its runtime
+/// Runs the lab's kubelet with `args` until it has bootstrapped its client certificate and
+/// written the kubeconfig its `--kubeconfig` names (the certificate comes first, the
+/// kubeconfig a moment after), then stops it; returns its certificate directory. Its state goes under `root`, and its runtime
 /// is a socket there that accepts and never answers: the kubelet waits on it (whether it
 /// bootstraps first or, with certificate rotation, in the background) instead of running
 /// anything on this host.
@@ -80,14 +81,19 @@ fn bootstrapped(lab: &Lab, root: &Path, args: &[String]) -> std::path::PathBuf {
             .expect("run kubelet"),
     );
     let cert = pki.join("kubelet-client-current.pem");
+    let kubeconfig = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--kubeconfig="))
+        .map(|p| root.join(p))
+        .expect("a --kubeconfig argument");
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !cert.exists() {
+    while !(cert.exists() && kubeconfig.exists()) {
         if let Some(status) = kubelet.0.try_wait().expect("wait") {
             panic!("the kubelet exited ({status}) before its TLS bootstrap");
         }
         assert!(
             Instant::now() < deadline,
-            "no client certificate after 60 s"
+            "no client certificate and kubeconfig after 60 s"
         );
         std::thread::sleep(Duration::from_millis(200));
     }
