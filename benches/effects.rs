@@ -138,7 +138,10 @@ async fn agent_image_pull_and_check() {
     let (mut pulls, mut checks) = (Vec::new(), Vec::new());
     for _ in 0..5 {
         let t = Instant::now();
-        agent.pull_content(&reference, &index).await.expect("pull");
+        agent
+            .pull_content(&reference, &index, None)
+            .await
+            .expect("pull");
         pulls.push(ms(t));
         let t = Instant::now();
         agent.check_image(&index).await.expect("check");
@@ -181,7 +184,10 @@ async fn node_image_pull_and_unpack() {
     for _ in 0..3 {
         let tree = tempfile::tempdir().expect("tmp");
         let t = Instant::now();
-        agent.pull_content(&reference, &index).await.expect("pull");
+        agent
+            .pull_content(&reference, &index, None)
+            .await
+            .expect("pull");
         pulls.push(ms(t));
         let t = Instant::now();
         agent

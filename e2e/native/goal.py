@@ -1,17 +1,33 @@
 """e2e/native/goal.py — the native suite's checks of the Machine driving the node (issue 31):
 a fleet's version moved by its Machines alone, the Machine's labels and taints and the
 configuration's kubelet settings on the Node, a goal whose version has no image refused before
-the running side stops. Mixed into e2e/native/suite.py's Suite; Python 3 stdlib only."""
+the running side stops, an air-gapped node's images from archives. Mixed into e2e/native/suite.py's Suite; Python 3 stdlib only."""
 
+import hashlib
+import importlib.machinery
+import importlib.util
 import ipaddress
 import json
+import os
 import subprocess
+import tarfile
+import tempfile
 import time
 
 from lab import Fail, detail, need, wait_until
 
 # What the lab's join configuration gives every node's kubelet (e2e/native/lab).
 MAX_PODS = "50"
+REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+
+
+def image_build():
+    """image/build as a module: its registry client (the same the lab pushes with)."""
+    loader = importlib.machinery.SourceFileLoader("image_build", os.path.join(REPO, "image", "build"))
+    spec = importlib.util.spec_from_loader("image_build", loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
 
 
 class GoalChecks:
@@ -227,3 +243,111 @@ class GoalChecks:
         self.pods_back((node,))
         detail("refused with %r; %s kept running; the next generation repaved in %.1f s"
                % (s["message"], active, took))
+
+    def c_offline_node(self):
+        """An air-gapped node: node-4 joins with the registry's port refused in its network
+        namespace (`e2e/native/lab offline-node`), its node images and the pod sandbox image
+        from OCI archives on its disk (nodeImageArchive, sandboxImageArchive). Its Node is
+        Ready at the join's version, a pod runs there (the sandbox image as its container,
+        never pulled), and its Machine alone repaves it to the control plane's version, all
+        with the registry still refused; `flexnode status` shows the archives' digests, the
+        ones the lab built."""
+        lab = self.lab
+        node = "node-4"
+        p = subprocess.run([lab.lab_script, "offline-node", node, "--dir", lab.dir],
+                           capture_output=True, text=True, timeout=600)
+        need(p.returncode == 0, "e2e/native/lab offline-node: %s" % (p.stderr or p.stdout).strip()[-600:])
+        joined = p.stderr.strip().splitlines()[-1].partition("offline: ")[2] if p.stderr.strip() else ""
+        reg = "10.0.2.100:5000"
+
+        def refused():
+            rules = lab.node_sh(node, "ip rule list")
+            need("dport 5000 prohibit" in rules, "%s's rules: %s" % (node, rules))
+            probe = lab.node_sh(node, "if timeout 5 bash -c 'exec 3<>/dev/tcp/10.0.2.100/5000' 2>/dev/null; "
+                                      "then echo reached; else echo refused; fi").strip()
+            need(probe == "refused", "%s: the registry %s" % (node, probe))
+        refused()
+        n = lab.kube_json("get", "node", node)
+        need(n["status"]["nodeInfo"]["kubeletVersion"] == lab.join_version,
+             "%s's kubelet is %s" % (node, n["status"]["nodeInfo"]["kubeletVersion"]))
+        image = (self.status(node).get("node") or {}).get("nodeImage", "")
+        need(image.endswith(lab.st["PREV_NODE_IMAGE"]), "%s runs the node image %r" % (node, image))
+        pause = "%s/flexnode/pause@%s" % (reg, lab.st["PAUSE_IMAGE"])
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "offline"},
+               "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1,
+                        "tolerations": [{"operator": "Exists"}],
+                        "containers": [{"name": "pause", "image": pause, "imagePullPolicy": "IfNotPresent"}]}}
+        rc, _, err = lab.kubectl("apply", "-f", "-", inp=json.dumps(pod))
+        need(rc == 0, "kubectl apply the offline pod: %s" % err.strip())
+
+        def running():
+            s = lab.kube_json("get", "pod", "offline").get("status") or {}
+            if s.get("phase") == "Running":
+                return s
+            waiting = [c.get("state", {}).get("waiting") for c in s.get("containerStatuses") or []]
+            raise Fail("pod offline: %s %s" % (s.get("phase"), waiting))
+        wait_until("the pod on %s running" % node, running, 120, 1)
+        rc, _, err = lab.kubectl("delete", "pod", "offline", "--wait=true", timeout=60)
+        need(rc == 0, "kubectl delete pod offline: %s" % err.strip())
+        st, n, took = self.repave_to(node, {"version": lab.k8s_version})
+        need(n["status"]["nodeInfo"]["kubeletVersion"] == lab.k8s_version,
+             "%s's kubelet is %s after the repave" % (node, n["status"]["nodeInfo"]["kubeletVersion"]))
+        image = (st.get("node") or {}).get("nodeImage", "")
+        need(":%s@" % lab.k8s_version in image and image.endswith(lab.st["NODE_IMAGE"]),
+             "%s's flexnode status shows the node image %r after the repave" % (node, image))
+        refused()
+        detail("%s %s; a pod ran on the sandbox image from its archive; repaved to %s in %.1f s with the "
+               "registry refused throughout" % (node, joined, lab.k8s_version, took))
+
+    def c_node_image_command(self):
+        """The operator's command (`image/node build`, docs/node.md) makes the node image of the
+        control plane's version with the kubelet built from the pinned upstream module (a
+        generated module, checked by Go's checksum database), pushes it by digest and tagged
+        with the version, and writes an OCI archive of it; built again into another layout
+        from the same inputs it has the same digest. The registry serves that digest for the
+        tag; the archive's index names it; the image's kubelet reports the version."""
+        lab = self.lab
+        version = lab.k8s_version
+        cache = os.environ.get("FLEXNODE_CACHE") or os.path.expanduser("~/.cache/flexnode")
+        host = "127.0.0.1:%s" % lab.st["REG_PORT"]
+        ca, creds = os.path.join(lab.dir, "pki", "ca.pem"), os.path.join(lab.dir, "host-credentials.json")
+        with tempfile.TemporaryDirectory(dir=cache, prefix="node-image-check.") as t:
+            def build(out, *extra):
+                start = time.time()
+                p = subprocess.run([os.path.join(REPO, "image", "node"), "build", "--kubernetes", version,
+                                    "--out", os.path.join(t, out), *extra],
+                                   capture_output=True, text=True, timeout=1800)
+                need(p.returncode == 0, "image/node build: %s" % (p.stderr or p.stdout).strip()[-800:])
+                return p.stdout.strip().splitlines()[-1], p.stderr, time.time() - start
+            archive = os.path.join(t, "node.oci.tar")
+            first, log, took = build("a", "--archive", archive, "--push", host + "/flexnode/node-operator",
+                                     "--ca", ca, "--credentials", creds)
+            pin = "%s/flexnode/node-operator:%s@%s" % (host, version, first)
+            need("pushed: " + pin in log, "image/node build did not report the pin %s:\n%s" % (pin, log[-800:]))
+            again, _, took_again = build("b")
+            need(again == first, "built twice from the same inputs: %s, then %s" % (first, again))
+            ib = image_build()
+            reg = ib.Registry(host, "flexnode/node-operator", ca, creds, False)
+            for ref in (version, first):
+                r = reg.request("HEAD", "/v2/flexnode/node-operator/manifests/%s" % ref, headers={
+                    "Accept": "application/vnd.oci.image.index.v1+json"})
+                need(r.status == 200 and r.headers.get("Docker-Content-Digest") == first,
+                     "the registry answers %s for %s: %s" % (r.status, ref, r.headers.get("Docker-Content-Digest")))
+            with tarfile.open(archive) as tar:
+                index = json.load(tar.extractfile("index.json"))
+            need(index["manifests"][0]["digest"] == first, "the archive's index: %s" % index)
+            kubelet = os.path.join(cache, "node-image", "kubelet", version, "kubelet")
+            out = subprocess.run([kubelet, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+            need(out == "Kubernetes %s" % version, "the module's kubelet says %r" % out)
+            with open(os.path.join(t, "a", "index.json")) as f:
+                top = json.load(f)["manifests"][0]["digest"]
+            blob = lambda d: os.path.join(t, "a", "blobs", "sha256", d.split(":", 1)[1])  # noqa: E731
+            with open(blob(top)) as f:
+                manifest = json.load(open(blob(json.load(f)["manifests"][0]["digest"])))
+            labels = json.load(open(blob(manifest["config"]["digest"])))["config"]["Labels"]
+            with open(kubelet, "rb") as f:
+                sha = hashlib.sha256(f.read()).hexdigest()
+            need(labels.get("io.flexnode.kubelet-sha256") == sha
+                 and labels.get("io.flexnode.kubernetes-version") == version, "the image's labels: %s" % labels)
+        detail("%s built in %.0f s (the kubelet from k8s.io/kubernetes@%s), again in %.0f s with the same digest; "
+               "pushed as %s; the archive holds it" % (version, took, version, took_again, pin))

@@ -709,12 +709,15 @@ CHECKS = [
     ("labels-and-taints-from-the-machine", Suite.c_node_settings, NATIVE),
     ("version-without-an-image-refused-before-the-old-side-stops", Suite.c_missing_version, NATIVE),
     ("machine-downloads-refused-out-loud", Suite.c_downloads_refused, NATIVE),
+    ("node-image-built-by-one-command-twice-the-same", Suite.c_node_image_command, NATIVE),
     ("two-nodes-upgraded-at-once-each-its-own", Suite.c_two_upgrades, NATIVE),
     ("exec-node-kubelet-plugin-follows-the-upgrade", Suite.c_plugin_follows_upgrade, NATIVE),
     ("token-of-one-node-denied-another-s-identity", Suite.c_other_identity_denied, NATIVE),
     ("certificates-renewed-while-operations-ran", Suite.c_renewals, NATIVE),
     ("expired-certificate-replaced-through-the-token", Suite.c_expired, NATIVE),
     ("one-terminal-result-per-operation", Suite.c_one_result_each, NATIVE),
+    # Last: its node's kube-proxy pod cannot pull its image (no registry), as it should not.
+    ("offline-node-joins-runs-a-pod-and-repaves-from-archives", Suite.c_offline_node, NATIVE),
 ]
 
 

@@ -94,6 +94,10 @@ pub async fn host_effects(config: &Config) -> anyhow::Result<HostEffects> {
             trusted_ca_file: config.trusted_ca_file.clone(),
             registry_credentials_file: config.registry_credentials_file.clone(),
             sandbox_image: node.sandbox_image.clone(),
+            sandbox_image_archive: node
+                .sandbox_image_archive
+                .as_deref()
+                .map(|p| on_host(&p.to_string_lossy())),
             pod_cidr: node.pod_cidr.clone(),
             tuning: node.kubelet.clone(),
         });
@@ -102,10 +106,18 @@ pub async fn host_effects(config: &Config) -> anyhow::Result<HostEffects> {
         systemd: systemd.with_unit_dir(unit_dir),
         containerd: LazyContainerd::new(CONTAINERD_SOCKET, DEFAULT_NAMESPACE, registry),
         host,
+        // An offline node's archives are host paths: under the host's root in a container.
         node_images: config
             .node
             .as_ref()
-            .map(|n| n.images.clone())
+            .map(|n| NodeImages {
+                archive: n
+                    .images
+                    .archive
+                    .as_deref()
+                    .map(|a| on_host(a).display().to_string()),
+                ..n.images.clone()
+            })
             .unwrap_or_default(),
     })
 }

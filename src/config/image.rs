@@ -115,12 +115,22 @@ pub(super) fn node_image(version: &str, value: &str) -> Result<NodeImage, Config
 pub struct NodeImages {
     pub pins: BTreeMap<String, NodeImage>,
     pub pattern: Option<NodeImagePattern>,
+    /// `nodeImageArchive` as written: an absolute path, [`VERSION_PLACEHOLDER`] naming the
+    /// version where it appears.
+    pub archive: Option<String>,
 }
 
 impl NodeImages {
     /// No node image at all: machines are minimal trees without a kubelet.
     pub fn is_empty(&self) -> bool {
         self.pins.is_empty() && self.pattern.is_none()
+    }
+
+    /// Where an offline node keeps `version`'s node image (it may not be there).
+    pub fn archive_for(&self, version: &str) -> Option<PathBuf> {
+        self.archive
+            .as_deref()
+            .map(|a| PathBuf::from(a.replace(VERSION_PLACEHOLDER, version)))
     }
 }
 

@@ -15,7 +15,7 @@ use files::{
     check_bootstrap_token, check_ca, check_kubeconfig, check_registry_credentials, read_small,
 };
 pub use files::{kubeconfig_cluster, process_uid};
-pub use image::{AgentImage, NodeImage, NodeImagePattern, NodeImages};
+pub use image::{AgentImage, NodeImage, NodeImagePattern, NodeImages, VERSION_PLACEHOLDER};
 use image::{ONLY_CONTAINER, agent_image};
 use node::{NodeKeys, node_config};
 use serde::{Deserialize, Serialize};
@@ -96,6 +96,15 @@ pub struct ConfigFile {
     /// `{kubernetesVersion}` in the tag, resolved to a digest when a machine is provisioned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_image: Option<String>,
+    /// An offline node's node images: the path of an OCI archive (a tar of an OCI layout, or
+    /// the layout's directory), `{kubernetesVersion}` naming the version. A version's archive,
+    /// where it exists, is read instead of the registry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_image_archive: Option<String>,
+    /// An offline node's pod sandbox image: an OCI archive holding `sandboxImage`, imported
+    /// into each machine's containerd before its kubelet starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_image_archive: Option<PathBuf>,
     /// The kubelet's settings (its `KubeletConfiguration`'s names).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubelet: Option<KubeletTuning>,
@@ -184,6 +193,7 @@ pub const MIN_CERTIFICATE_SECONDS: i32 = 600;
 pub struct NodeConfig {
     pub images: NodeImages,
     pub sandbox_image: String,
+    pub sandbox_image_archive: Option<PathBuf>,
     pub pod_cidr: String,
     pub kubelet: KubeletTuning,
 }
@@ -324,6 +334,11 @@ impl Config {
                 .as_ref()
                 .and_then(|n| n.images.pattern.as_ref())
                 .map(|p| p.shown()),
+            node_image_archive: self.node.as_ref().and_then(|n| n.images.archive.clone()),
+            sandbox_image_archive: self
+                .node
+                .as_ref()
+                .and_then(|n| n.sandbox_image_archive.clone()),
             kubelet: self
                 .node
                 .as_ref()
@@ -412,7 +427,9 @@ impl ConfigFile {
             NodeKeys {
                 pins: self.node_images,
                 pattern: self.node_image,
+                archive: self.node_image_archive,
                 sandbox_image: self.sandbox_image,
+                sandbox_image_archive: self.sandbox_image_archive,
                 pod_cidr: self.pod_cidr,
                 kubelet: self.kubelet,
             },

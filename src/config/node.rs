@@ -5,18 +5,21 @@
 use super::image::node_image;
 use super::{
     ConfigError, DEFAULT_POD_CIDR, DEFAULT_SANDBOX_IMAGE, KubeletTuning, NodeConfig,
-    NodeImagePattern, NodeImages, bad, is_kubernetes_version,
+    NodeImagePattern, NodeImages, VERSION_PLACEHOLDER, bad, is_kubernetes_version,
 };
 use crate::lifecycle::validate::{
     POD_RANGE_FROM_CLUSTER, UnpinnedImage, parse_pinned_image, valid_pod_range,
 };
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 /// The keys as written.
 pub(super) struct NodeKeys {
     pub(super) pins: Option<BTreeMap<String, String>>,
     pub(super) pattern: Option<String>,
+    pub(super) archive: Option<String>,
     pub(super) sandbox_image: Option<String>,
+    pub(super) sandbox_image_archive: Option<PathBuf>,
     pub(super) pod_cidr: Option<String>,
     pub(super) kubelet: Option<KubeletTuning>,
 }
@@ -31,6 +34,8 @@ pub(super) fn node_config(
     if keys.pins.is_none() && keys.pattern.is_none() {
         for (setting, set) in [
             ("sandboxImage", keys.sandbox_image.is_some()),
+            ("sandboxImageArchive", keys.sandbox_image_archive.is_some()),
+            ("nodeImageArchive", keys.archive.is_some()),
             ("podCIDR", keys.pod_cidr.is_some()),
             ("kubelet", keys.kubelet.is_some()),
         ] {
@@ -94,6 +99,25 @@ pub(super) fn node_config(
             ));
         }
     }
+    if let Some(archive) = &keys.archive
+        && !archive.starts_with('/')
+    {
+        return Err(bad(
+            "nodeImageArchive",
+            format!(
+                "{archive:?} is not an absolute path (an OCI archive or layout, \
+                 {VERSION_PLACEHOLDER} naming the version)"
+            ),
+        ));
+    }
+    if let Some(archive) = &keys.sandbox_image_archive
+        && !archive.is_absolute()
+    {
+        return Err(bad(
+            "sandboxImageArchive",
+            format!("{} is not an absolute path", archive.display()),
+        ));
+    }
     let pod_cidr = keys
         .pod_cidr
         .unwrap_or_else(|| DEFAULT_POD_CIDR.to_string());
@@ -109,8 +133,13 @@ pub(super) fn node_config(
     let kubelet = keys.kubelet.unwrap_or_default();
     kubelet.check().map_err(|(key, why)| bad(&key, why))?;
     Ok(Some(NodeConfig {
-        images: NodeImages { pins, pattern },
+        images: NodeImages {
+            pins,
+            pattern,
+            archive: keys.archive,
+        },
         sandbox_image,
+        sandbox_image_archive: keys.sandbox_image_archive,
         pod_cidr,
         kubelet,
     }))
@@ -206,5 +235,45 @@ mod tests {
         }
         let e = config("kubelet:\n  maxPods: 50\n").expect_err("without an image");
         assert_eq!(e.setting, "kubelet");
+    }
+
+    #[test]
+    fn an_offline_nodes_archives_are_absolute_paths_rendered_back() {
+        let pattern = "nodeImage: oci://r.example/node:{kubernetesVersion}\n";
+        let c = config(&format!(
+            "{pattern}nodeImageArchive: /var/lib/offline/node-{{kubernetesVersion}}.oci.tar\n\
+             sandboxImageArchive: /var/lib/offline/pause.oci.tar\n"
+        ))
+        .expect("valid");
+        let node = c.node.clone().expect("node");
+        assert_eq!(
+            node.images.archive_for("v1.35.0"),
+            Some("/var/lib/offline/node-v1.35.0.oci.tar".into())
+        );
+        let r = c.rendered();
+        assert_eq!(
+            r.node_image_archive.as_deref(),
+            Some("/var/lib/offline/node-{kubernetesVersion}.oci.tar")
+        );
+        assert_eq!(
+            r.sandbox_image_archive.as_deref(),
+            Some(std::path::Path::new("/var/lib/offline/pause.oci.tar"))
+        );
+        // One archive for every version (each image tagged with its version in it).
+        let one =
+            config(&format!("{pattern}nodeImageArchive: /srv/nodes.oci.tar\n")).expect("valid");
+        assert_eq!(
+            one.node.expect("node").images.archive_for("v1.35.0"),
+            Some("/srv/nodes.oci.tar".into())
+        );
+        for (extra, setting) in [
+            ("nodeImageArchive: node.tar\n", "nodeImageArchive"),
+            ("sandboxImageArchive: pause.tar\n", "sandboxImageArchive"),
+        ] {
+            let e = config(&format!("{pattern}{extra}")).expect_err(extra);
+            assert_eq!(e.setting, setting, "{extra}: {e}");
+            let e = config(extra).expect_err("without a node image");
+            assert_eq!(e.setting, setting, "{extra}: {e}");
+        }
     }
 }

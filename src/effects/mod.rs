@@ -205,16 +205,22 @@ pub trait Containerd: Send + Sync {
     /// which the container units run (`effects::host::AGENT_IMAGE_NAME`); the name is removed
     /// with the image only if the agent pulled it.
     fn name_agent_image(&self, digest: &Sha256Hex) -> impl Future<Output = EffectResult> + Send;
-    /// The digest the tag of `image` names at its registry now: a node image pattern
-    /// resolved, once, before the pull by that digest.
-    fn resolve_tag(&self, image: &ImageRef)
-    -> impl Future<Output = EffectResult<Sha256Hex>> + Send;
+    /// The digest the tag of `image` names: a node image pattern resolved, once, before the
+    /// pull by that digest; in `archive` if that exists (an offline node's image archive, an
+    /// OCI layout or a tar of one), else at the registry now.
+    fn resolve_tag(
+        &self,
+        image: &ImageRef,
+        archive: Option<&Path>,
+    ) -> impl Future<Output = EffectResult<Sha256Hex>> + Send;
     /// [`Self::pull`] into the content store only, without snapshots: a node image, which is
-    /// only ever unpacked into a machine's tree.
+    /// only ever unpacked into a machine's tree. Blobs come from `archive` when it exists and
+    /// holds them, from the registry otherwise.
     fn pull_content(
         &self,
         reference: &str,
         digest: &Sha256Hex,
+        archive: Option<&Path>,
     ) -> impl Future<Output = EffectResult> + Send;
     /// Unpacks pulled image `digest` into `dir`, a machine's tree (`clear_machine_tree`).
     fn unpack_image_into(

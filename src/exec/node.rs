@@ -65,9 +65,14 @@ where
             return Ok(());
         }
         if !fx.containerd.image_present(&digest).await? {
-            tracing::info!(image = %image.reference, "pulling the node image");
+            let archive = self.node_images.archive_for(version);
+            tracing::info!(image = %image.reference, archive = ?archive, "pulling the node image");
             fx.containerd
-                .pull_content(&pull_reference(&image.reference, &digest)?, &digest)
+                .pull_content(
+                    &pull_reference(&image.reference, &digest)?,
+                    &digest,
+                    archive.as_deref(),
+                )
                 .await?;
         }
         let dir = fx.host.clear_machine_tree(side).await?;
@@ -93,7 +98,8 @@ where
     ///    repave tried again);
     /// 3. the running side's image when the version is unchanged (new labels, the same
     ///    bytes: a tag that moved never changes a node whose version did not);
-    /// 4. the `nodeImage` pattern's tag for the version, resolved to its digest now.
+    /// 4. the `nodeImage` pattern's tag for the version, resolved to its digest now (in the
+    ///    version's `nodeImageArchive` where that exists, so an offline node asks no registry).
     ///
     /// A version with none fails here, before the running side is touched.
     async fn choose_node_image(&self, side: Side, goal: &Goal) -> EffectResult<MachineImage> {
@@ -128,7 +134,7 @@ where
             let digest = self
                 .effects
                 .containerd
-                .resolve_tag(&tagged)
+                .resolve_tag(&tagged, self.node_images.archive_for(version).as_deref())
                 .await
                 .map_err(|e| {
                     EffectError::Failed(format!("no node image for Kubernetes {version}: {e}"))

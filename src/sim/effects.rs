@@ -312,7 +312,11 @@ impl Containerd for SimHost {
         }
     }
 
-    async fn resolve_tag(&self, image: &ImageRef) -> EffectResult<Sha256Hex> {
+    async fn resolve_tag(
+        &self,
+        image: &ImageRef,
+        _archive: Option<&Path>,
+    ) -> EffectResult<Sha256Hex> {
         let tagged = format!(
             "{}/{}:{}",
             image.registry,
@@ -327,7 +331,12 @@ impl Containerd for SimHost {
             .ok_or_else(|| EffectError::Failed(format!("image {tagged}: not found")))
     }
 
-    async fn pull_content(&self, reference: &str, digest: &Sha256Hex) -> EffectResult {
+    async fn pull_content(
+        &self,
+        reference: &str,
+        digest: &Sha256Hex,
+        _archive: Option<&Path>,
+    ) -> EffectResult {
         Containerd::pull(self, reference, digest).await
     }
 

@@ -34,6 +34,7 @@ fn pattern() -> NodeImages {
             NodeImagePattern::parse("oci://registry.example/node:{kubernetesVersion}")
                 .expect("pattern"),
         ),
+        archive: None,
     }
 }
 

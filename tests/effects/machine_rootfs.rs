@@ -21,6 +21,7 @@ both_versions!(
     layers_apply_in_order_with_whiteouts_and_metadata,
     a_layer_reaching_outside_through_a_symlink_is_refused,
     a_side_is_provisioned_from_a_node_image_with_its_kubelet_files,
+    an_offline_node_provisions_from_its_image_archive,
 );
 
 /// One tar entry of a hand-made layer.
@@ -82,18 +83,9 @@ fn sha(bytes: &[u8]) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
 }
 
-/// An OCI layout at `dir` of one amd64 image of `layers` (gzip) pushed to the tier's registry
-/// as `repo` and pulled by its index digest (into the content store only, as node images are,
-/// when `content_only`); the agent's client, that digest, and how often the client's
-/// heartbeat (a sign of life during a long pull or unpack) was called so far, which the pull
-/// did at least once per layer.
-async fn pushed_and_pulled(
-    tier: &Tier,
-    dir: &Path,
-    repo: &str,
-    layers: &[Vec<u8>],
-    content_only: bool,
-) -> (GrpcContainerd, Sha256Hex, Arc<AtomicUsize>) {
+/// An OCI image layout in `dir` of `layers` (tars), tagged `tag`: an index over one amd64
+/// manifest. Returns the index's digest.
+fn layout(dir: &Path, layers: &[Vec<u8>], tag: &str) -> String {
     let blobs = dir.join("blobs/sha256");
     std::fs::create_dir_all(&blobs).expect("blobs");
     let put = |bytes: &[u8]| -> (String, usize) {
@@ -125,9 +117,26 @@ async fn pushed_and_pulled(
             "size": ms, "platform": {"architecture": "amd64", "os": "linux"}}]});
     let (id, is) = put(index.to_string().as_bytes());
     let top = serde_json::json!({"schemaVersion": 2, "manifests": [{
-        "mediaType": "application/vnd.oci.image.index.v1+json", "digest": id, "size": is}]});
+        "mediaType": "application/vnd.oci.image.index.v1+json", "digest": id, "size": is,
+        "annotations": {"org.opencontainers.image.ref.name": tag}}]});
     std::fs::write(dir.join("index.json"), top.to_string()).expect("index.json");
     std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).expect("layout");
+    id
+}
+
+/// An OCI layout at `dir` of one amd64 image of `layers` (gzip) pushed to the tier's registry
+/// as `repo` and pulled by its index digest (into the content store only, as node images are,
+/// when `content_only`); the agent's client, that digest, and how often the client's
+/// heartbeat (a sign of life during a long pull or unpack) was called so far, which the pull
+/// did at least once per layer.
+async fn pushed_and_pulled(
+    tier: &Tier,
+    dir: &Path,
+    repo: &str,
+    layers: &[Vec<u8>],
+    content_only: bool,
+) -> (GrpcContainerd, Sha256Hex, Arc<AtomicUsize>) {
+    layout(dir, layers, "t");
     let (pushed, _) = support::image::push(dir, &format!("{}/{repo}:t", tier.registry), None);
     let digest = Sha256Hex::parse(&pushed).expect("pushed digest");
     let beats = Arc::new(AtomicUsize::new(0));
@@ -141,7 +150,7 @@ async fn pushed_and_pulled(
         }));
     let reference = tier.reference(repo, &digest);
     if content_only {
-        agent.pull_content(&reference, &digest).await
+        agent.pull_content(&reference, &digest, None).await
     } else {
         agent.pull(&reference, &digest).await
     }
@@ -315,6 +324,7 @@ async fn a_side_is_provisioned_from_a_node_image_with_its_kubelet_files(flavor: 
         trusted_ca_file: None,
         registry_credentials_file: None,
         sandbox_image: flexnode::config::DEFAULT_SANDBOX_IMAGE.into(),
+        sandbox_image_archive: None,
         pod_cidr: "10.88.0.0/16".into(),
         tuning: flexnode::config::KubeletTuning {
             max_pods: Some(42),
@@ -433,4 +443,120 @@ async fn a_side_is_provisioned_from_a_node_image_with_its_kubelet_files(flavor: 
     assert!(!tree.exists());
     assert!(!root.join("etc/systemd/nspawn/kube1.nspawn").exists());
     assert!(!host.machine_tree_exists(Side::Kube1).await.expect("probe"));
+}
+
+/// An offline node's node image (`nodeImageArchive`): an OCI layout, as a directory and as a
+/// tar of it, resolved and pulled with its registry unreachable (port 1 refuses), then
+/// unpacked; a blob the archive lacks is asked of the registry (and fails naming it); a
+/// tampered blob is refused and nothing of it is committed.
+async fn an_offline_node_provisions_from_its_image_archive(flavor: Flavor) {
+    use flexnode::lifecycle::agent::ImageRef;
+    let tier = Tier::up(flavor);
+    let work = tempfile::tempdir().expect("tmp");
+    let w = work.path();
+    let unreachable = "127.0.0.1:1";
+    let image = ImageRef {
+        registry: unreachable.into(),
+        repository: "e2e/offline".into(),
+        tag: Some("v1.34.12".into()),
+    };
+    let tar_of = |dir: &Path, to: &Path| {
+        let mut b = tar::Builder::new(std::fs::File::create(to).expect("archive"));
+        b.append_dir_all(".", dir).expect("tar");
+        b.finish().expect("tar");
+    };
+    for (i, form) in ["directory", "tar"].into_iter().enumerate() {
+        let dir = w.join(format!("layout-{i}"));
+        let top = layout(
+            &dir,
+            &[layer(&[
+                E::Dir("etc", 0o755),
+                E::File("etc/offline", format!("{form}\n").as_bytes(), 0o644, 0),
+            ])],
+            "v1.34.12",
+        );
+        let archive = if form == "tar" {
+            let file = w.join("node.oci.tar");
+            tar_of(&dir, &file);
+            file
+        } else {
+            dir
+        };
+        let agent = tier.grpc(Default::default()).await;
+        let digest = Containerd::resolve_tag(&agent, &image, Some(&archive))
+            .await
+            .expect("resolved from the archive");
+        assert_eq!(digest.oci(), top, "{form}");
+        let reference = format!("{unreachable}/e2e/offline@{top}");
+        Containerd::pull_content(&agent, &reference, &digest, Some(&archive))
+            .await
+            .unwrap_or_else(|e| panic!("{form}: {e}"));
+        let tree = w.join(format!("tree-{i}"));
+        Containerd::unpack_image_into(&agent, &digest, &tree)
+            .await
+            .expect("unpack");
+        assert_eq!(
+            std::fs::read_to_string(tree.join("etc/offline")).expect("file"),
+            format!("{form}\n")
+        );
+    }
+
+    // Without the archive there, the registry is asked: unreachable, and named.
+    let agent = tier.grpc(Default::default()).await;
+    let m = match Containerd::resolve_tag(&agent, &image, Some(&w.join("absent.tar"))).await {
+        Err(e) => e.to_string(),
+        Ok(d) => panic!("resolved without archive or registry: {d:?}"),
+    };
+    assert!(m.contains(unreachable), "{m}");
+
+    // A layer the archive lacks, and a layer whose bytes were changed.
+    for case in ["missing", "tampered"] {
+        let dir = w.join(case);
+        let top = layout(
+            &dir,
+            &[layer(&[E::File(case, case.as_bytes(), 0o644, 0)])],
+            "v1.34.12",
+        );
+        let layer_blob = std::fs::read_dir(dir.join("blobs/sha256"))
+            .expect("blobs")
+            .map(|e| e.expect("entry").path())
+            .max_by_key(|p| std::fs::metadata(p).expect("stat").len())
+            .expect("the layer, the largest blob");
+        let layer_digest = format!(
+            "sha256:{}",
+            layer_blob
+                .file_name()
+                .and_then(|n| n.to_str())
+                .expect("name")
+        );
+        if case == "missing" {
+            std::fs::remove_file(&layer_blob).expect("rm");
+        } else {
+            let mut bytes = std::fs::read(&layer_blob).expect("read");
+            let last = bytes.len() - 1;
+            bytes[last] ^= 0xff;
+            std::fs::write(&layer_blob, bytes).expect("write");
+        }
+        let digest = Sha256Hex::parse(&top).expect("digest");
+        let reference = format!("{unreachable}/e2e/offline@{top}");
+        let m = match Containerd::pull_content(&agent, &reference, &digest, Some(&dir)).await {
+            Err(e) => e.to_string(),
+            Ok(()) => panic!("{case}: pulled"),
+        };
+        let expected = if case == "missing" {
+            unreachable
+        } else {
+            "sha256 verification failed"
+        };
+        assert!(m.contains(expected), "{case}: {m}");
+        let content = std::process::Command::new(&tier.ctr)
+            .arg("-a")
+            .arg(&tier.socket)
+            .args(["-n", NS, "content", "ls", "-q"])
+            .output()
+            .expect("ctr");
+        assert!(content.status.success(), "{content:?}");
+        let content = String::from_utf8_lossy(&content.stdout);
+        assert!(!content.contains(&layer_digest), "{case}: {content}");
+    }
 }

@@ -276,6 +276,7 @@ fn the_machine_files_bootstrap_the_real_kubelet() {
             registry_credentials_file: None,
             // Pinned, as every image the node pulls; nothing pulls it here (no runtime).
             sandbox_image: format!("flexnode.invalid/pause:lab@sha256:{}", "0".repeat(64)),
+            sandbox_image_archive: None,
             pod_cidr: "10.88.0.0/16".into(),
             tuning: Default::default(),
         },

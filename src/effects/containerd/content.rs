@@ -2,8 +2,9 @@
 //! written from the registry (hashed on the way, committed only when digest and size match),
 //! read back and labelled.
 
+use super::fetched::Body;
 use super::progress::PullTracker;
-use super::registry::{BlobKind, Body, Registry};
+use super::registry::{BlobKind, Registry};
 use super::{
     GrpcContainerd, LEASE_EXPIRY_SECS, MAX_LAYER, MAX_SMALL_BLOB, WRITE_CHUNK, grpc_failed, len_i64,
 };
@@ -169,7 +170,7 @@ impl GrpcContainerd {
                     return Err(EffectError::Failed(format!(
                         "{kind} {} from {}: registry sent {len} bytes, the manifest says {}",
                         desc.digest,
-                        reg.rr.display(),
+                        reg.origin(),
                         desc.size
                     )));
                 }
@@ -258,7 +259,7 @@ impl GrpcContainerd {
                     EffectError::Failed(format!(
                         "{kind} {} from {}: {e}",
                         desc.digest,
-                        reg.rr.display()
+                        reg.origin()
                     ))
                 })?,
             };
@@ -268,7 +269,7 @@ impl GrpcContainerd {
                     "{kind} {} from {}: more than the {} bytes the manifest declares; \
                      nothing was committed",
                     desc.digest,
-                    reg.rr.display(),
+                    reg.origin(),
                     desc.size
                 )));
             }
@@ -296,7 +297,7 @@ impl GrpcContainerd {
                 "{kind} {} from {}: got {offset} bytes, the manifest declares {}; \
                  nothing was committed",
                 desc.digest,
-                reg.rr.display(),
+                reg.origin(),
                 desc.size
             )));
         }
@@ -305,7 +306,7 @@ impl GrpcContainerd {
                 "{kind} {} from {}: sha256 verification failed (the data hashes to {got}); \
                  nothing was committed",
                 desc.digest,
-                reg.rr.display()
+                reg.origin()
             )));
         }
         tx.send(WriteContentRequest {

@@ -76,12 +76,24 @@ impl Containerd for LazyContainerd {
     }
 
     /// The registry alone: no containerd connection needed.
-    async fn resolve_tag(&self, image: &ImageRef) -> EffectResult<Sha256Hex> {
-        super::registry::resolve_tag(image, &self.registry, IO_TIMEOUT).await
+    async fn resolve_tag(
+        &self,
+        image: &ImageRef,
+        archive: Option<&Path>,
+    ) -> EffectResult<Sha256Hex> {
+        super::registry::resolve_tag(image, archive, &self.registry, IO_TIMEOUT).await
     }
 
-    async fn pull_content(&self, reference: &str, digest: &Sha256Hex) -> EffectResult {
-        self.client().await?.pull_content(reference, digest).await
+    async fn pull_content(
+        &self,
+        reference: &str,
+        digest: &Sha256Hex,
+        archive: Option<&Path>,
+    ) -> EffectResult {
+        self.client()
+            .await?
+            .pull_content(reference, digest, archive)
+            .await
     }
 
     async fn unpack_image_into(&self, digest: &Sha256Hex, dir: &Path) -> EffectResult {

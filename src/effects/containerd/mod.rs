@@ -27,8 +27,11 @@
 mod check;
 mod container;
 mod content;
+mod fetched;
 mod lazy;
 pub mod manifest;
+mod oci_archive;
+pub use oci_archive::OciArchive;
 mod progress;
 mod pull;
 pub mod registry;
@@ -308,12 +311,21 @@ impl Containerd for GrpcContainerd {
         GrpcContainerd::check_image(self, digest).await
     }
 
-    async fn resolve_tag(&self, image: &ImageRef) -> EffectResult<Sha256Hex> {
-        registry::resolve_tag(image, &self.registry, self.io_timeout).await
+    async fn resolve_tag(
+        &self,
+        image: &ImageRef,
+        archive: Option<&Path>,
+    ) -> EffectResult<Sha256Hex> {
+        registry::resolve_tag(image, archive, &self.registry, self.io_timeout).await
     }
 
-    async fn pull_content(&self, reference: &str, digest: &Sha256Hex) -> EffectResult {
-        let pulled = self.pull_image_content(reference, digest).await?;
+    async fn pull_content(
+        &self,
+        reference: &str,
+        digest: &Sha256Hex,
+        archive: Option<&Path>,
+    ) -> EffectResult {
+        let pulled = self.pull_image_content(reference, digest, archive).await?;
         tracing::info!(image = %pulled.name, manifest = %pulled.manifest_digest, "image pulled");
         Ok(())
     }

@@ -2,6 +2,7 @@
 //! under a lease, unpack, then the image record.
 
 use super::manifest::{Manifest, config_diff_ids, is_index, media_type_of, pick_platform};
+use super::oci_archive::OciArchive;
 use super::progress::PullTracker;
 use super::registry::{BlobKind, Registry, RegistryRef};
 use super::{
@@ -16,6 +17,7 @@ use containerd_client::services::v1::{
 use containerd_client::tonic::Code;
 use containerd_client::types::Descriptor;
 use std::collections::HashMap;
+use std::path::Path;
 
 /// Whether a pull unpacks the layers into snapshots (what a container runs on).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,31 +39,37 @@ impl GrpcContainerd {
         reference: &str,
         digest: &Sha256Hex,
     ) -> EffectResult<PulledImage> {
-        self.pull_with(reference, digest, Snapshots::Unpack).await
+        self.pull_with(reference, digest, None, Snapshots::Unpack)
+            .await
     }
 
     /// [`Self::pull_image`] without the snapshots: the content and the record only, what a
     /// machine's tree is unpacked from (`unpack_image_into`). A node image's snapshot would be
     /// a second copy of its tree (and took 111 s of a TCG guest's join).
+    /// Blobs in `archive` (when it exists) are read from there, the rest from the registry.
     pub async fn pull_image_content(
         &self,
         reference: &str,
         digest: &Sha256Hex,
+        archive: Option<&Path>,
     ) -> EffectResult<PulledImage> {
-        self.pull_with(reference, digest, Snapshots::Skip).await
+        self.pull_with(reference, digest, archive, Snapshots::Skip)
+            .await
     }
 
     async fn pull_with(
         &self,
         reference: &str,
         digest: &Sha256Hex,
+        archive: Option<&Path>,
         snapshots: Snapshots,
     ) -> EffectResult<PulledImage> {
         let reg = Registry::new(
             RegistryRef::parse(reference, digest)?.repo(),
             &self.registry,
             self.io_timeout,
-        );
+        )
+        .with_archive(OciArchive::at(archive)?);
         let lease = self.create_lease("pull").await?;
         let result = self.pull_under_lease(&reg, digest, &lease, snapshots).await;
         let released = self.delete_lease(&lease).await;
@@ -148,7 +156,7 @@ impl GrpcContainerd {
         if diff_ids.len() != manifest.layers.len() {
             return Err(EffectError::Failed(format!(
                 "image {}: the config lists {} layers, the manifest {}",
-                reg.rr.display(),
+                reg.origin(),
                 diff_ids.len(),
                 manifest.layers.len()
             )));
@@ -248,7 +256,7 @@ impl GrpcContainerd {
         {
             return Err(EffectError::Failed(format!(
                 "{what} {digest} from {}: size {size} is over the {MAX_SMALL_BLOB}-byte limit",
-                reg.rr.display()
+                reg.origin()
             )));
         }
         if let Some(info) = self.content_info(digest).await? {
@@ -265,24 +273,24 @@ impl GrpcContainerd {
         {
             return Err(EffectError::Failed(format!(
                 "{what} {digest} from {}: registry sent {len} bytes, expected {}",
-                reg.rr.display(),
+                reg.origin(),
                 size.map_or_else(|| format!("at most {MAX_SMALL_BLOB}"), |s| s.to_string())
             )));
         }
         let mut bytes = Vec::new();
         let limit = size.unwrap_or(MAX_SMALL_BLOB) as usize;
         while let Some(chunk) = resp.body.next_chunk(WRITE_CHUNK).await.map_err(|e| {
-            EffectError::Failed(format!("{what} {digest} from {}: {e}", reg.rr.display()))
+            EffectError::Failed(format!("{what} {digest} from {}: {e}", reg.origin()))
         })? {
             bytes.extend_from_slice(&chunk);
             if bytes.len() > limit {
                 return Err(EffectError::Failed(format!(
                     "{what} {digest} from {}: more than {limit} bytes",
-                    reg.rr.display()
+                    reg.origin()
                 )));
             }
         }
-        verify(&bytes, digest, size, what, &reg.rr.display())?;
+        verify(&bytes, digest, size, what, &reg.origin())?;
         Ok(SmallBlob {
             bytes,
             content_type: resp.content_type,

@@ -5,12 +5,13 @@
 //! (here while streaming, and again by containerd at commit). No message carries a
 //! credential, a URL's query or a redirect target: errors are rebuilt from their kind.
 
+use super::fetched::{Body, Fetched};
+use super::oci_archive::OciArchive;
 use super::{MEDIA_DOCKER_LIST, MEDIA_DOCKER_MANIFEST, MEDIA_OCI_INDEX, MEDIA_OCI_MANIFEST};
 use crate::effects::http::{self, Trust, describe, ensure_crypto_provider};
 use crate::effects::{EffectError, EffectResult};
 use crate::lifecycle::agent::{ImageRef, Sha256Hex};
 use futures::StreamExt;
-use futures::stream::{BoxStream, Fuse};
 use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
 use oci_client::errors::OciDistributionError;
 use oci_client::secrets::RegistryAuth;
@@ -102,8 +103,11 @@ impl RegistryRef {
 
 /// The digest the tag of `image` names at its registry now (a node image pattern resolved):
 /// the registry reached as `config` says, each request within `timeout`.
+/// With an `archive` there (an offline node's), the digest is the archive's and no registry
+/// is asked.
 pub async fn resolve_tag(
     image: &ImageRef,
+    archive: Option<&Path>,
     config: &RegistryConfig,
     timeout: Duration,
 ) -> EffectResult<Sha256Hex> {
@@ -111,6 +115,9 @@ pub async fn resolve_tag(
         .tag
         .as_deref()
         .ok_or_else(|| EffectError::Failed(format!("image {image}: no tag to resolve")))?;
+    if let Some(archive) = OciArchive::at(archive)? {
+        return archive.digest_of(tag);
+    }
     let repo = Repo::parse(&format!("{}/{}", image.registry, image.repository))?;
     Registry::new(repo, config, timeout).digest_of(tag).await
 }
@@ -175,73 +182,16 @@ impl Repo {
     }
 }
 
-/// A fetched manifest or blob: its declared length and its bytes as they come.
-pub(super) struct Fetched {
-    pub(super) content_length: Option<u64>,
-    pub(super) content_type: Option<String>,
-    pub(super) body: Body,
-}
-
-pub(super) enum Body {
-    Bytes(Vec<u8>),
-    /// The stream (fused: oci-client's verifying stream checks the digest again, and fails,
-    /// when polled after its end), and what is left of its last item.
-    Stream(
-        Fuse<BoxStream<'static, std::io::Result<bytes::Bytes>>>,
-        bytes::Bytes,
-    ),
-}
-
-impl Body {
-    /// The next `max` bytes (fewer only at the end); `None` at the end. A stream ends with an error when the
-    /// blob's digest does not match (oci-client checks it as the bytes pass).
-    pub(super) async fn next_chunk(&mut self, max: usize) -> Result<Option<Vec<u8>>, String> {
-        match self {
-            Self::Bytes(b) => {
-                if b.is_empty() {
-                    return Ok(None);
-                }
-                let n = max.min(b.len());
-                Ok(Some(b.drain(..n).collect()))
-            }
-            // Network reads are small (kilobytes); they are gathered into chunks of `max`,
-            // so that containerd gets few, large writes.
-            Self::Stream(s, rest) => {
-                let mut chunk = Vec::with_capacity(max);
-                while chunk.len() < max {
-                    if rest.is_empty() {
-                        match s.next().await {
-                            None => break,
-                            Some(Ok(item)) => *rest = item,
-                            Some(Err(e)) => return Err(stream_error(&e)),
-                        }
-                        continue;
-                    }
-                    let n = (max - chunk.len()).min(rest.len());
-                    chunk.extend_from_slice(&rest.split_to(n));
-                }
-                Ok((!chunk.is_empty()).then_some(chunk))
-            }
-        }
-    }
-}
-
-fn stream_error(e: &std::io::Error) -> String {
-    let text = e.to_string();
-    if text.contains("Digest") || text.contains("digest") {
-        "sha256 verification failed while streaming".into()
-    } else {
-        describe(e)
-    }
-}
-
 /// One registry and repository to pull from. Connected and authenticated on the first fetch
-/// (so a pull whose content is all in the store never needs the network), then reused.
+/// (so a pull whose content is all in the store, or in its archive, never needs the network),
+/// then reused.
 pub(super) struct Registry {
     pub(super) rr: Repo,
     config: RegistryConfig,
     timeout: Duration,
     session: OnceCell<(Client, RegistryAuth)>,
+    /// Read before the registry: what an offline node's image comes from.
+    archive: Option<OciArchive>,
 }
 
 impl Registry {
@@ -251,6 +201,24 @@ impl Registry {
             config: config.clone(),
             timeout,
             session: OnceCell::new(),
+            archive: None,
+        }
+    }
+
+    pub(super) fn with_archive(mut self, archive: Option<OciArchive>) -> Self {
+        self.archive = archive;
+        self
+    }
+
+    /// Where blobs come from, as messages name it: the repository, and the archive read first.
+    pub(super) fn origin(&self) -> String {
+        match &self.archive {
+            Some(a) => format!(
+                "{} (image archive {} first)",
+                self.rr.display(),
+                a.path().display()
+            ),
+            None => self.rr.display(),
         }
     }
 
@@ -372,6 +340,11 @@ impl Registry {
                 oci_error(e)
             ))
         };
+        if let Some(archive) = &self.archive
+            && let Some(fetched) = archive.fetch(digest).await?
+        {
+            return Ok(fetched);
+        }
         let (client, auth) = self.session().await?;
         let reference = reference(&self.rr.at(digest))?;
         match kind {

@@ -8,6 +8,7 @@
 //! and serde escapes every value); containerd's TOML holds only validated values.
 
 use super::kubelet_plugin::{KUBELET_EXEC_KUBECONFIG, KubeletPlugin, kubelet_kubeconfig};
+use super::sandbox_archive::sandbox_archive_files;
 use crate::effects::containerd::basic_credentials;
 use crate::effects::fs::read_small;
 use crate::effects::{EffectError, EffectResult};
@@ -86,6 +87,8 @@ pub struct KubeletInputs {
     pub trusted_ca_file: Option<PathBuf>,
     pub registry_credentials_file: Option<PathBuf>,
     pub sandbox_image: String,
+    /// An offline node's OCI archive of the sandbox image (`sandbox_archive.rs`).
+    pub sandbox_image_archive: Option<PathBuf>,
     pub pod_cidr: String,
     pub tuning: KubeletTuning,
 }
@@ -508,9 +511,13 @@ pub fn files_from(inputs: &KubeletInputs, node: &NodeSettings) -> EffectResult<V
     };
     let mut files = machine_files(&settings)
         .map_err(|e| EffectError::Failed(format!("kubelet settings: {e}")))?;
+    let sandbox_files = match &inputs.sandbox_image_archive {
+        Some(archive) => sandbox_archive_files(archive, &inputs.sandbox_image)?,
+        None => Vec::new(),
+    };
     // Before the kubelet's arguments, which the unit is conditioned on.
     let at = files.len().saturating_sub(1);
-    files.splice(at..at, plugin_files);
+    files.splice(at..at, plugin_files.into_iter().chain(sandbox_files));
     Ok(files)
 }
 

@@ -217,6 +217,7 @@ fn files_from_reads_the_token_and_the_credentials_for_the_sandbox_registry() {
         trusted_ca_file: Some(ca),
         registry_credentials_file: Some(creds),
         sandbox_image: "registry.example/pause:3.10@sha256:ee6521f290b2168b6e0935a181d4cff9be1ac3f505666ef0e3c98fae8199917a".into(),
+        sandbox_image_archive: None,
         pod_cidr: "10.88.0.0/16".into(),
         tuning: KubeletTuning::default(),
     };
@@ -238,6 +239,78 @@ fn files_from_reads_the_token_and_the_credentials_for_the_sandbox_registry() {
         .find(|f| f.path.ends_with("bootstrap.kubeconfig"))
         .expect("bootstrap");
     assert!(String::from_utf8_lossy(&kubeconfig.contents).contains("abcdef.0123456789abcdef"));
+}
+
+/// An OCI archive (a tar) whose index names `digest` as tag `tag`.
+fn sandbox_archive(at: &Path, digest: &str, tag: &str) {
+    let index = format!(
+        r#"{{"schemaVersion":2,"manifests":[{{"mediaType":"application/vnd.oci.image.index.v1+json","digest":"sha256:{digest}","size":1,"annotations":{{"org.opencontainers.image.ref.name":"{tag}"}}}}]}}"#
+    );
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, data) in [
+        ("oci-layout", r#"{"imageLayoutVersion":"1.0.0"}"#.as_bytes()),
+        ("index.json", index.as_bytes()),
+    ] {
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(0o644);
+        h.set_size(data.len() as u64);
+        b.append_data(&mut h, name, data).expect("tar");
+    }
+    std::fs::write(at, b.into_inner().expect("tar")).expect("archive");
+}
+
+#[test]
+fn an_offline_sandbox_image_is_copied_in_and_imported_before_the_kubelet() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let token = dir.path().join("token");
+    std::fs::write(&token, "abcdef.0123456789abcdef\n").expect("token");
+    let hex = "ee6521f290b2168b6e0935a181d4cff9be1ac3f505666ef0e3c98fae8199917a";
+    let archive = dir.path().join("pause.oci.tar");
+    sandbox_archive(&archive, hex, "3.10");
+    let mut inputs = KubeletInputs {
+        node_name: "edge-07".into(),
+        server: "https://10.0.2.100:6443".into(),
+        ca_pem: b"-----BEGIN CERTIFICATE-----\n".to_vec(),
+        credential: KubeletSource::BootstrapTokenFile(token),
+        trusted_ca_file: None,
+        registry_credentials_file: None,
+        sandbox_image: format!("registry.example/pause:3.10@sha256:{hex}"),
+        sandbox_image_archive: Some(archive.clone()),
+        pod_cidr: "10.88.0.0/16".into(),
+        tuning: KubeletTuning::default(),
+    };
+    let files = files_from(&inputs, &NO_SETTINGS).expect("files");
+    let copied = files
+        .iter()
+        .find(|f| f.path == Path::new(super::super::sandbox_archive::SANDBOX_ARCHIVE))
+        .expect("the archive in the machine");
+    assert_eq!(copied.contents, std::fs::read(&archive).expect("read"));
+    let drop_in = files
+        .iter()
+        .find(|f| f.path == Path::new(super::super::sandbox_archive::SANDBOX_IMPORT_DROP_IN))
+        .expect("the import");
+    let text = String::from_utf8_lossy(&drop_in.contents);
+    assert!(
+        text.contains(
+            "ExecStartPre=/usr/bin/ctr --namespace k8s.io images import --digests --base-name \
+             registry.example/pause /var/lib/flexnode/sandbox-image.oci.tar"
+        ),
+        "{text}"
+    );
+    // The kubelet's arguments stay last (its unit is conditioned on them).
+    assert!(files.last().expect("files").path.ends_with("kubelet.env"));
+
+    // An archive of another image is refused, naming both.
+    sandbox_archive(&archive, &"ab".repeat(32), "3.10");
+    let m = files_from(&inputs, &NO_SETTINGS)
+        .expect_err("another image")
+        .to_string();
+    assert!(m.contains(&"ab".repeat(32)) && m.contains(hex), "{m}");
+    inputs.sandbox_image_archive = Some(dir.path().join("absent.tar"));
+    let m = files_from(&inputs, &NO_SETTINGS)
+        .expect_err("absent")
+        .to_string();
+    assert!(m.contains("absent.tar"), "{m}");
 }
 
 #[test]

@@ -373,6 +373,7 @@ mod tests {
             trusted_ca_file: None,
             registry_credentials_file: None,
             sandbox_image: crate::config::DEFAULT_SANDBOX_IMAGE.into(),
+            sandbox_image_archive: None,
             pod_cidr: "10.88.0.0/16".into(),
             tuning: Default::default(),
         });

@@ -28,6 +28,7 @@ pub mod kubelet_plugin;
 mod layout;
 mod machines;
 mod root;
+pub mod sandbox_archive;
 mod slots;
 mod swap;
 

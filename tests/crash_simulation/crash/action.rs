@@ -188,6 +188,7 @@ pub fn node_images() -> NodeImages {
     NodeImages {
         pins,
         pattern: Some(pattern),
+        archive: None,
     }
 }
 

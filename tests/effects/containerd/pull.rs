@@ -278,13 +278,13 @@ async fn secure_registries_need_the_right_ca_and_credentials(flavor: Flavor) {
         tag: Some(tag.into()),
     };
     assert_eq!(
-        Containerd::resolve_tag(&tagged, &image("v1"))
+        Containerd::resolve_tag(&tagged, &image("v1"), None)
             .await
             .expect("resolve"),
         token
     );
     let missing = format!("{}/e2e/token:v9", secure.token);
-    let m = match Containerd::resolve_tag(&tagged, &image("v9")).await {
+    let m = match Containerd::resolve_tag(&tagged, &image("v9"), None).await {
         Err(EffectError::Failed(m)) => m,
         other => panic!("a missing tag: {other:?}"),
     };
