@@ -52,7 +52,8 @@ impl OciArchive {
         let mut tar = tar::Archive::new(file);
         let mut blobs = HashMap::new();
         let mut index = None;
-        for entry in tar.entries().map_err(|e| failed(e.to_string()))? {
+        // Seeking past each blob: the headers alone are read.
+        for entry in tar.entries_with_seek().map_err(|e| failed(e.to_string()))? {
             let mut entry = entry.map_err(|e| failed(format!("not a tar: {e}")))?;
             if entry.header().entry_type() != tar::EntryType::Regular {
                 continue;
@@ -87,12 +88,17 @@ impl OciArchive {
     }
 
     /// The archive at `path` if there is one there: an offline node's archives are per
-    /// version, and a version without one comes from the registry.
-    pub fn at(path: Option<&Path>) -> EffectResult<Option<Self>> {
-        match path {
-            Some(p) if p.symlink_metadata().is_ok() => Self::open(p).map(Some),
-            _ => Ok(None),
-        }
+    /// version, and a version without one comes from the registry. Opened off the runtime's
+    /// threads (a tar's headers are read through the whole file).
+    pub async fn at(path: Option<&Path>) -> EffectResult<Option<Self>> {
+        let Some(path) = path.filter(|p| p.symlink_metadata().is_ok()) else {
+            return Ok(None);
+        };
+        let path = path.to_path_buf();
+        tokio::task::spawn_blocking(move || Self::open(&path))
+            .await
+            .map_err(|e| EffectError::Failed(format!("image archive: {e}")))?
+            .map(Some)
     }
 
     pub fn path(&self) -> &Path {

@@ -69,7 +69,7 @@ impl GrpcContainerd {
             &self.registry,
             self.io_timeout,
         )
-        .with_archive(OciArchive::at(archive)?);
+        .with_archive(OciArchive::at(archive).await?);
         let lease = self.create_lease("pull").await?;
         let result = self.pull_under_lease(&reg, digest, &lease, snapshots).await;
         let released = self.delete_lease(&lease).await;

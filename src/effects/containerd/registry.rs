@@ -115,7 +115,7 @@ pub async fn resolve_tag(
         .tag
         .as_deref()
         .ok_or_else(|| EffectError::Failed(format!("image {image}: no tag to resolve")))?;
-    if let Some(archive) = OciArchive::at(archive)? {
+    if let Some(archive) = OciArchive::at(archive).await? {
         return archive.digest_of(tag);
     }
     let repo = Repo::parse(&format!("{}/{}", image.registry, image.repository))?;

@@ -512,7 +512,14 @@ pub fn files_from(inputs: &KubeletInputs, node: &NodeSettings) -> EffectResult<V
     let mut files = machine_files(&settings)
         .map_err(|e| EffectError::Failed(format!("kubelet settings: {e}")))?;
     let sandbox_files = match &inputs.sandbox_image_archive {
-        Some(archive) => sandbox_archive_files(archive, &inputs.sandbox_image)?,
+        Some(archive) => sandbox_archive_files(archive, &inputs.sandbox_image)?
+            .into_iter()
+            .map(|(path, contents)| MachineFile {
+                path: PathBuf::from(path),
+                contents,
+                mode: 0o644,
+            })
+            .collect(),
         None => Vec::new(),
     };
     // Before the kubelet's arguments, which the unit is conditioned on.

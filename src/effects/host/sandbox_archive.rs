@@ -4,12 +4,11 @@
 //! The machine's own `ctr` imports it: its containerd listens inside the machine only, so
 //! there is no socket of it for the agent to reach.
 
-use super::kubelet::MachineFile;
 use crate::effects::containerd::OciArchive;
 use crate::effects::{EffectError, EffectResult};
 use crate::lifecycle::validate::parse_pinned_image;
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// Where the archive is in the machine's tree.
 pub const SANDBOX_ARCHIVE: &str = "var/lib/flexnode/sandbox-image.oci.tar";
@@ -20,11 +19,11 @@ pub const SANDBOX_IMPORT_DROP_IN: &str =
 const MAX_SANDBOX_ARCHIVE: u64 = 64 << 20;
 
 /// The archive at `archive` (checked to hold `sandbox_image`, pinned by digest) and the
-/// drop-in that imports it.
+/// drop-in that imports it: each file's place in the machine's tree and its contents.
 pub fn sandbox_archive_files(
     archive: &Path,
     sandbox_image: &str,
-) -> EffectResult<Vec<MachineFile>> {
+) -> EffectResult<[(&'static str, Vec<u8>); 2]> {
     let failed = |why: String| {
         EffectError::Failed(format!("sandboxImageArchive {}: {why}", archive.display()))
     };
@@ -57,16 +56,8 @@ pub fn sandbox_archive_files(
          --base-name {}/{} /{SANDBOX_ARCHIVE}\n",
         image.registry, image.repository
     );
-    Ok(vec![
-        MachineFile {
-            path: PathBuf::from(SANDBOX_ARCHIVE),
-            contents: bytes,
-            mode: 0o644,
-        },
-        MachineFile {
-            path: PathBuf::from(SANDBOX_IMPORT_DROP_IN),
-            contents: drop_in.into_bytes(),
-            mode: 0o644,
-        },
+    Ok([
+        (SANDBOX_ARCHIVE, bytes),
+        (SANDBOX_IMPORT_DROP_IN, drop_in.into_bytes()),
     ])
 }
