@@ -192,3 +192,91 @@ fn read_capped(path: &Path, cap: u64) -> std::io::Result<Vec<u8>> {
     }
     Ok(bytes)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::OciArchive;
+
+    /// A tar of `entries` (name, contents).
+    fn tar(at: &std::path::Path, entries: &[(&str, &[u8])]) {
+        let mut b = tar::Builder::new(Vec::new());
+        for (name, data) in entries {
+            let mut h = tar::Header::new_gnu();
+            h.set_mode(0o644);
+            h.set_size(data.len() as u64);
+            b.append_data(&mut h, name, *data).expect("tar");
+        }
+        std::fs::write(at, b.into_inner().expect("tar")).expect("write");
+    }
+
+    fn index(tags: &[(&str, char)]) -> String {
+        let manifests: Vec<String> = tags
+            .iter()
+            .map(|(tag, c)| {
+                format!(
+                    r#"{{"digest":"sha256:{}","annotations":{{"org.opencontainers.image.ref.name":"{tag}"}}}}"#,
+                    c.to_string().repeat(64)
+                )
+            })
+            .collect();
+        format!(
+            r#"{{"schemaVersion":2,"manifests":[{}]}}"#,
+            manifests.join(",")
+        )
+    }
+
+    #[test]
+    fn one_archive_names_each_version_by_its_tag() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let at = dir.path().join("nodes.oci.tar");
+        let idx = index(&[("v1.34.12", 'a'), ("v1.35.0", 'b')]);
+        tar(
+            &at,
+            &[("./oci-layout", b"{}"), ("./index.json", idx.as_bytes())],
+        );
+        let archive = OciArchive::open(&at).expect("open");
+        assert_eq!(
+            archive.digest_of("v1.35.0").expect("tagged").as_str(),
+            "b".repeat(64)
+        );
+        let m = archive
+            .digest_of("v1.36.0")
+            .expect_err("untagged")
+            .to_string();
+        assert!(m.contains("2 images and none tagged \"v1.36.0\""), "{m}");
+        // An archive of one image answers for any tag: the operator named it for the version.
+        let one = dir.path().join("one.oci.tar");
+        let idx = index(&[("lab", 'c')]);
+        tar(&one, &[("index.json", idx.as_bytes())]);
+        assert_eq!(
+            OciArchive::open(&one)
+                .expect("open")
+                .digest_of("v1.34.12")
+                .expect("the only image")
+                .as_str(),
+            "c".repeat(64)
+        );
+    }
+
+    #[test]
+    fn what_is_not_an_oci_archive_is_named() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let no_index = dir.path().join("no-index.tar");
+        tar(&no_index, &[("oci-layout", b"{}")]);
+        let m = OciArchive::open(&no_index)
+            .expect_err("no index")
+            .to_string();
+        assert!(
+            m.contains("no-index.tar") && m.contains("no index.json"),
+            "{m}"
+        );
+        let empty_dir = dir.path().join("layout");
+        std::fs::create_dir(&empty_dir).expect("dir");
+        let m = OciArchive::open(&empty_dir)
+            .expect_err("no index")
+            .to_string();
+        assert!(m.contains("not an OCI layout"), "{m}");
+        let absent = dir.path().join("absent.tar");
+        assert!(OciArchive::open(&absent).is_err());
+    }
+}
