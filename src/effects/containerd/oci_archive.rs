@@ -111,9 +111,11 @@ impl OciArchive {
             EffectError::Failed(format!("image archive {}: {why}", self.path.display()))
         };
         let bytes = match &self.form {
-            Form::Tar(_, index) => index.clone(),
-            Form::Dir => read_capped(&self.path.join("index.json"), MAX_INDEX)
-                .map_err(|e| failed(format!("index.json: {e}")))?,
+            Form::Tar(_, index) => std::borrow::Cow::Borrowed(index.as_slice()),
+            Form::Dir => std::borrow::Cow::Owned(
+                read_capped(&self.path.join("index.json"), MAX_INDEX)
+                    .map_err(|e| failed(format!("index.json: {e}")))?,
+            ),
         };
         let index: serde_json::Value =
             serde_json::from_slice(&bytes).map_err(|e| failed(format!("index.json: {e}")))?;
