@@ -658,7 +658,7 @@ _flexnode() {
             return 0
             ;;
         flexnode__subcmd__op__subcmd__create)
-            opts="-h --node --selector --image --digest --url --sha256 --ttl --name --wait --timeout --kubeconfig --state --help reboot upgrade reset"
+            opts="-h --node --selector --image --digest --url --sha256 --no-drain --drain-timeout --drain-on-timeout --ttl --name --wait --timeout --kubeconfig --state --help reboot upgrade reset"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -685,6 +685,14 @@ _flexnode() {
                     return 0
                     ;;
                 --sha256)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --drain-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --drain-on-timeout)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -924,7 +932,7 @@ _flexnode() {
             return 0
             ;;
         flexnode__subcmd__rollout)
-            opts="-h --selector --image --digest --url --sha256 --max-unavailable --name --resume --dry-run --wave-timeout --namespace --kubeconfig --state --help reboot upgrade"
+            opts="-h --selector --image --digest --url --sha256 --no-drain --drain-timeout --drain-on-timeout --max-unavailable --name --resume --dry-run --wave-timeout --namespace --kubeconfig --state --help reboot upgrade"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -947,6 +955,14 @@ _flexnode() {
                     return 0
                     ;;
                 --sha256)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --drain-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --drain-on-timeout)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

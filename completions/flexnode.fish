@@ -100,11 +100,14 @@ complete -c flexnode -n "__fish_flexnode_using_subcommand op; and __fish_seen_su
 complete -c flexnode -n "__fish_flexnode_using_subcommand op; and __fish_seen_subcommand_from create" -l digest -d 'The image\'s digest: sha256:HEX' -r
 complete -c flexnode -n "__fish_flexnode_using_subcommand op; and __fish_seen_subcommand_from create" -l url -d 'Upgrade (host install) from this archive URL' -r
 complete -c flexnode -n "__fish_flexnode_using_subcommand op; and __fish_seen_subcommand_from create" -l sha256 -d 'The archive\'s SHA-256 (hex)' -r
+complete -c flexnode -n "__fish_flexnode_using_subcommand op; and __fish_seen_subcommand_from create" -l drain-timeout -d 'How long the drain may take (90s, 10m, 1h30m) [default: the agent\'s, 10m]' -r
+complete -c flexnode -n "__fish_flexnode_using_subcommand op; and __fish_seen_subcommand_from create" -l drain-on-timeout -d 'At the drain\'s timeout: Fail the operation, or Proceed with the pods left' -r
 complete -c flexnode -n "__fish_flexnode_using_subcommand op; and __fish_seen_subcommand_from create" -l ttl -d 'Delete the object this long after it finished (1h, 30m, 90s, 3600)' -r
 complete -c flexnode -n "__fish_flexnode_using_subcommand op; and __fish_seen_subcommand_from create" -l name -d 'Object name [default: <kind>-<node|sel>-<unix seconds>]' -r
 complete -c flexnode -n "__fish_flexnode_using_subcommand op; and __fish_seen_subcommand_from create" -l timeout -d 'Give up waiting after this long (exit 3) [default: 10m]' -r
 complete -c flexnode -n "__fish_flexnode_using_subcommand op; and __fish_seen_subcommand_from create" -l kubeconfig -d 'Kubeconfig to use [default: $KUBECONFIG, else ~/.kube/config]' -r -F
 complete -c flexnode -n "__fish_flexnode_using_subcommand op; and __fish_seen_subcommand_from create" -l state -d 'The node\'s state store' -r -F
+complete -c flexnode -n "__fish_flexnode_using_subcommand op; and __fish_seen_subcommand_from create" -l no-drain -d 'No drain: the pods are taken down with the machine (for a node drained already)'
 complete -c flexnode -n "__fish_flexnode_using_subcommand op; and __fish_seen_subcommand_from create" -l wait -d 'Follow the operation until it completes or fails'
 complete -c flexnode -n "__fish_flexnode_using_subcommand op; and __fish_seen_subcommand_from create" -s h -l help -d 'Print help'
 complete -c flexnode -n "__fish_flexnode_using_subcommand op; and __fish_seen_subcommand_from list" -l node -d 'Only operations addressed to this node by name' -r
@@ -129,6 +132,8 @@ complete -c flexnode -n "__fish_flexnode_using_subcommand rollout" -l image -d '
 complete -c flexnode -n "__fish_flexnode_using_subcommand rollout" -l digest -d 'The image\'s digest: sha256:HEX' -r
 complete -c flexnode -n "__fish_flexnode_using_subcommand rollout" -l url -d 'Upgrade (host install) from this archive URL' -r
 complete -c flexnode -n "__fish_flexnode_using_subcommand rollout" -l sha256 -d 'The archive\'s SHA-256 (hex)' -r
+complete -c flexnode -n "__fish_flexnode_using_subcommand rollout" -l drain-timeout -d 'How long the drain may take (90s, 10m, 1h30m) [default: the agent\'s, 10m]' -r
+complete -c flexnode -n "__fish_flexnode_using_subcommand rollout" -l drain-on-timeout -d 'At the drain\'s timeout: Fail the operation, or Proceed with the pods left' -r
 complete -c flexnode -n "__fish_flexnode_using_subcommand rollout" -l max-unavailable -d 'How many nodes go at once: a count, or a percent of the nodes (rounded up)' -r
 complete -c flexnode -n "__fish_flexnode_using_subcommand rollout" -l name -d 'The rollout\'s name (a DNS label) [default: <kind>-<unix seconds>]' -r
 complete -c flexnode -n "__fish_flexnode_using_subcommand rollout" -l resume -d 'Go on with the stopped (or abandoned) rollout NAME from where it stopped' -r
@@ -136,6 +141,7 @@ complete -c flexnode -n "__fish_flexnode_using_subcommand rollout" -l wave-timeo
 complete -c flexnode -n "__fish_flexnode_using_subcommand rollout" -l namespace -d 'The namespace of the rollout\'s ConfigMap' -r
 complete -c flexnode -n "__fish_flexnode_using_subcommand rollout" -l kubeconfig -d 'Kubeconfig to use [default: $KUBECONFIG, else ~/.kube/config]' -r -F
 complete -c flexnode -n "__fish_flexnode_using_subcommand rollout" -l state -d 'The node\'s state store' -r -F
+complete -c flexnode -n "__fish_flexnode_using_subcommand rollout" -l no-drain -d 'No drain: the pods are taken down with the machine (for a node drained already)'
 complete -c flexnode -n "__fish_flexnode_using_subcommand rollout" -l dry-run -d 'Print the waves and create nothing'
 complete -c flexnode -n "__fish_flexnode_using_subcommand rollout" -s h -l help -d 'Print help'
 complete -c flexnode -n "__fish_flexnode_using_subcommand approver" -l kubeconfig -d 'The approver\'s credential; without it, the pod\'s service account' -r -F

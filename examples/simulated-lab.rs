@@ -86,7 +86,7 @@ async fn main() -> anyhow::Result<()> {
         &store,
     )?;
 
-    node.claim("reboot-1", ClaimKind::NodeReboot).await?;
+    node.claim("reboot-1", ClaimKind::node_reboot()).await?;
     show("NodeReboot restarted the active nspawn machine", &store)?;
 
     println!("\n$ flexnode history");

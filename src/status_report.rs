@@ -51,6 +51,9 @@ pub struct StatusReport {
     pub kubelet: Option<KubeletSummary>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub current_operation: Option<OperationSummary>,
+    /// The drain under way, or the cordon it left to lift (src/store/cordon.rs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drain: Option<DrainSummary>,
     /// Effects of a step that a crash interrupted; the next agent process finishes them.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub interrupted_effects: Vec<String>,
@@ -118,6 +121,7 @@ impl StatusReport {
             node: None,
             kubelet: None,
             current_operation: None,
+            drain: None,
             interrupted_effects: Vec::new(),
             last_result: None,
             recent_transitions: Vec::new(),
@@ -178,6 +182,17 @@ pub struct ResultSummary {
     pub published: bool,
 }
 
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DrainSummary {
+    /// `operation/<uid>`, `repave/<generation>` or `deletion-signal`.
+    pub holder: String,
+    /// The Node carries the agent's cordon (false: not yet, or someone else's cordon).
+    pub cordoned_by_agent: bool,
+    pub since: String,
+    pub progress: String,
+}
+
 pub fn build(reader: &StoreReader) -> Result<StatusReport, StoreError> {
     let persisted = reader.load()?;
     let state = &persisted.state;
@@ -229,6 +244,12 @@ pub fn build(reader: &StoreReader) -> Result<StatusReport, StoreError> {
         node,
         kubelet,
         current_operation,
+        drain: reader.cordon()?.map(|c| DrainSummary {
+            holder: c.holder,
+            cordoned_by_agent: c.cordoned,
+            since: c.since.rfc3339(),
+            progress: c.progress,
+        }),
         interrupted_effects: persisted
             .pending
             .map(|i| i.effects.iter().map(ToString::to_string).collect())
@@ -262,6 +283,23 @@ pub fn render_human(r: &StatusReport) -> String {
     }
     node(&mut out, r);
     kubelet(&mut out, r);
+    if let Some(d) = &r.drain {
+        let cordon = if d.cordoned_by_agent {
+            "the Node cordoned by the agent"
+        } else {
+            "not cordoned by the agent"
+        };
+        let progress = if d.progress.is_empty() {
+            "starting"
+        } else {
+            &d.progress
+        };
+        let _ = writeln!(
+            out,
+            "Drain:            {} since {} ({cordon}): {progress}",
+            d.holder, d.since
+        );
+    }
     operations(&mut out, r);
     let _ = writeln!(out, "Recent transitions:");
     if r.recent_transitions.is_empty() {

@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from lab import (NATIVE, Fail, Lab, SuiteBase, detail, need, parse_time, read_state, run_suite,  # noqa: E402
                  wait_until)
+from drain import DrainChecks  # noqa: E402
 from goal import GoalChecks  # noqa: E402
 
 POD_LABEL = "flexnode-native-suite"
@@ -88,7 +89,7 @@ class NativeLab:
         return p.stdout
 
 
-class Suite(GoalChecks, SuiteBase):
+class Suite(DrainChecks, GoalChecks, SuiteBase):
     def __init__(self, lab):
         super().__init__(lab)
         self.started = time.time()
@@ -590,9 +591,12 @@ class Suite(GoalChecks, SuiteBase):
         since = {n: self.pods()[n]["status"]["containerStatuses"][0]["restartCount"] for n in lab.nodes}
         name = "native-suite-reboot"
         t = time.time()
+        # No drain: the suite's pods are bound to their nodes and restart with the machine
+        # (the drains' own checks are e2e/native/drain.py's).
         p = subprocess.run([lab.flexnode, "rollout", "--kubeconfig", lab.kubeconfig, "reboot",
                             "--selector", SELECTOR, "--max-unavailable", "1", "--name", name,
-                            "--wave-timeout", "5m"], capture_output=True, text=True, timeout=900)
+                            "--wave-timeout", "5m", "--no-drain"], capture_output=True, text=True,
+                           timeout=900)
         took = time.time() - t
         detail(p.stdout.strip().splitlines()[-1] if p.stdout.strip() else "(no output)")
         need(p.returncode == 0, "flexnode rollout: rc %d: %s" % (p.returncode, (p.stderr or p.stdout).strip()[-400:]))
@@ -715,6 +719,12 @@ CHECKS = [
     ("token-of-one-node-denied-another-s-identity", Suite.c_other_identity_denied, NATIVE),
     ("certificates-renewed-while-operations-ran", Suite.c_renewals, NATIVE),
     ("expired-certificate-replaced-through-the-token", Suite.c_expired, NATIVE),
+    # Drains (e2e/native/drain.py): the suite's bound pods are deleted by the first.
+    ("reboot-drains-budgeted-pods-elsewhere-first", Suite.c_drain_reboot, NATIVE),
+    ("budget-never-met-fails-at-the-drain-timeout", Suite.c_drain_timeout, NATIVE),
+    ("agent-killed-mid-drain-resumes-one-restart", Suite.c_drain_crash, NATIVE),
+    ("rollout-reboot-never-breaks-the-budget", Suite.c_drain_rollout, NATIVE),
+    ("operators-cordon-survives-an-operation", Suite.c_operator_cordon, NATIVE),
     ("one-terminal-result-per-operation", Suite.c_one_result_each, NATIVE),
     # Last: its node's kube-proxy pod cannot pull its image (no registry), as it should not.
     ("offline-node-joins-runs-a-pod-and-repaves-from-archives", Suite.c_offline_node, NATIVE),

@@ -298,10 +298,10 @@ fn store() -> Vec<Seed> {
                 node.settle().await.expect("settle");
             }
             if steps >= 3 {
-                node.claim("u2", flexnode::lifecycle::input::ClaimKind::NodeReboot)
+                node.claim("u2", flexnode::lifecycle::input::ClaimKind::node_reboot())
                     .await
                     .expect("reboot");
-                node.claim("u3", flexnode::lifecycle::input::ClaimKind::AgentReset)
+                node.claim("u3", flexnode::lifecycle::input::ClaimKind::agent_reset())
                     .await
                     .expect("reset");
             }

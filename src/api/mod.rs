@@ -3,9 +3,11 @@
 
 pub mod machine;
 pub mod machine_operation;
+pub mod selector;
 
 pub use machine::Machine;
 pub use machine_operation::MachineOperation;
+pub use selector::selector_matches;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceDefinition, JSONSchemaProps,

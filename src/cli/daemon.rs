@@ -109,7 +109,7 @@ async fn on_host(state: &Path, args: &DaemonArgs) -> Result<(), Failure> {
                 .with_heartbeat(std::sync::Arc::new(crate::reconcile::notify::progress)),
             fx.host,
         ),
-        fx.node_images,
+        fx.settings,
     )
     .await
     {

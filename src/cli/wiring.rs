@@ -13,12 +13,14 @@ use crate::effects::host::{
 use crate::effects::http::Trust;
 use crate::effects::kube::KubePublisher;
 use crate::effects::systemd::{DEFAULT_UNIT_DIR, DbusSystemd};
-use crate::effects::{Containerd, Effects, Host, Systemd};
-use crate::exec::Runner;
+use crate::effects::{Containerd, Effects, Host, Publisher, Systemd};
+use crate::exec::{Clock, Runner};
 use crate::lifecycle::NodeState;
 use crate::lifecycle::Timestamp;
 use crate::lifecycle::agent::AgentBuild;
+use crate::lifecycle::drain::DrainPolicy;
 use crate::lifecycle::fault::{Fault, FaultKind};
+use crate::lifecycle::policy::Policy;
 use crate::reconcile::clock::SteadyClock;
 use crate::reconcile::owner::KubeRunner;
 use crate::reconcile::{fault, notify};
@@ -44,8 +46,29 @@ pub struct HostEffects {
     pub systemd: DbusSystemd,
     pub containerd: LazyContainerd,
     pub host: FsHost,
-    /// The configuration's node images (the executor's `node_images`).
+    pub settings: RunnerSettings,
+}
+
+/// What the executor is given from the configuration besides its effects.
+#[derive(Clone, Debug, Default)]
+pub struct RunnerSettings {
+    /// The node images (the executor's `node_images`).
     pub node_images: NodeImages,
+    /// The drain before a disruption (the core's `Policy::drain`).
+    pub drain: DrainPolicy,
+}
+
+impl RunnerSettings {
+    fn apply<S: Systemd, C: Containerd, H: Host, P: Publisher, K: Clock>(
+        self,
+        runner: &mut Runner<S, C, H, P, K>,
+    ) {
+        runner.set_node_images(self.node_images);
+        runner.set_policy(Policy {
+            drain: self.drain,
+            ..Policy::default()
+        });
+    }
 }
 
 /// This host's effects, reaching https servers and registries as `config` says.
@@ -106,19 +129,22 @@ pub async fn host_effects(config: &Config) -> anyhow::Result<HostEffects> {
         systemd: systemd.with_unit_dir(unit_dir),
         containerd: LazyContainerd::new(CONTAINERD_SOCKET, DEFAULT_NAMESPACE, registry),
         host,
-        // An offline node's archives are host paths: under the host's root in a container.
-        node_images: config
-            .node
-            .as_ref()
-            .map(|n| NodeImages {
-                archive: n
-                    .images
-                    .archive
-                    .as_deref()
-                    .map(|a| on_host(a).display().to_string()),
-                ..n.images.clone()
-            })
-            .unwrap_or_default(),
+        settings: RunnerSettings {
+            // An offline node's archives are host paths: under the host's root in a container.
+            node_images: config
+                .node
+                .as_ref()
+                .map(|n| NodeImages {
+                    archive: n
+                        .images
+                        .archive
+                        .as_deref()
+                        .map(|a| on_host(a).display().to_string()),
+                    ..n.images.clone()
+                })
+                .unwrap_or_default(),
+            drain: config.drain.clone(),
+        },
     })
 }
 
@@ -146,7 +172,7 @@ pub async fn daemon_runner<S: Systemd, C: Containerd, H: Host>(
     node_name: &str,
     client: kube::Client,
     (systemd, containerd, host): (S, C, H),
-    node_images: NodeImages,
+    settings: RunnerSettings,
 ) -> Result<KubeRunner<S, C, H>, StoreError> {
     if !state.exists() {
         return Err(StoreError::Missing(state.to_path_buf()));
@@ -178,7 +204,7 @@ pub async fn daemon_runner<S: Systemd, C: Containerd, H: Host>(
         publisher,
     };
     let mut runner = Runner::new(store, effects, clock);
-    runner.set_node_images(node_images);
+    settings.apply(&mut runner);
     Ok(runner)
 }
 
@@ -199,7 +225,7 @@ async fn command_runner(
     client: kube::Client,
     fx: HostEffects,
 ) -> anyhow::Result<CommandRunner> {
-    let node_images = fx.node_images;
+    let settings = fx.settings;
     let clock = SteadyClock::system(newest_entry(&store)?);
     let mut runner = Runner::new(
         store,
@@ -212,7 +238,7 @@ async fn command_runner(
         clock,
     );
     runner.set_daemon(false);
-    runner.set_node_images(node_images);
+    settings.apply(&mut runner);
     runner.resume().await?;
     // A result the store keeps (an earlier process could not publish it) is published by
     // whichever process holds the store next: a command may be the last one (a reset).

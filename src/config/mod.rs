@@ -2,6 +2,7 @@
 //! Schema and the list of impossible settings: docs/config.md. An impossible setting is a
 //! `ConfigError` naming it; the CLI exits 78 for those, and the bootstrap unit never retries.
 
+mod drain;
 mod files;
 mod image;
 pub mod kubeconfig;
@@ -120,6 +121,9 @@ pub struct ConfigFile {
     /// when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics_address: Option<String>,
+    /// The drain before a disruption.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<drain::DrainFile>,
 }
 
 /// A validated configuration: every field usable as is.
@@ -147,6 +151,7 @@ pub struct Config {
     pub node: Option<NodeConfig>,
     /// Where the daemon serves metrics; `None`: not served.
     pub metrics_address: Option<std::net::SocketAddr>,
+    pub drain: crate::lifecycle::drain::DrainPolicy,
 }
 
 /// Where a node that joins with a bootstrap token asks for its certificate.
@@ -357,6 +362,7 @@ impl Config {
             sandbox_image: self.node.as_ref().map(|n| n.sandbox_image.clone()),
             pod_cidr: self.node.as_ref().map(|n| n.pod_cidr.clone()),
             metrics_address: self.metrics_address.map(|a| a.to_string()),
+            drain: drain::DrainFile::of(&self.drain),
         }
     }
 }
@@ -464,6 +470,7 @@ impl ConfigFile {
             agent_image,
             node,
             metrics_address,
+            drain: self.drain.unwrap_or_default().validate()?,
         })
     }
 }

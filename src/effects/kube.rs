@@ -7,21 +7,27 @@
 
 use crate::api::machine::{Machine, MachinePhase as ApiMachinePhase};
 use crate::api::machine_operation::{MachineOperation, MachineOperationStatus, OperationPhase};
-use crate::effects::{EffectError, EffectResult, NodeSeen, Publisher};
+use crate::effects::{CordonSeen, EffectError, EffectResult, Eviction, NodeSeen, Publisher};
 use crate::lifecycle::Timestamp;
+use crate::lifecycle::drain::PodFacts;
 use crate::lifecycle::fault::{FAULT_CLEARED, Fault, FaultKind};
 use crate::lifecycle::result::{MachinePhase, OpResult, ResultReason};
 use crate::lifecycle::state::OpRef;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff;
-use kube::api::{Api, DeleteParams, PostParams, Preconditions};
+use kube::api::{Api, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+
+mod drain;
+mod requests;
+
+pub use drain::CORDON_MARK;
 
 pub const FIELD_MANAGER: &str = "flexnode";
 const CONFLICT_RETRIES: usize = 5;
@@ -475,6 +481,30 @@ impl Publisher for KubePublisher {
         .await
         .map(|_| ())
     }
+
+    async fn cordon_seen(&self) -> EffectResult<Option<CordonSeen>> {
+        Ok(self.read_cordon().await?.map(|(seen, _)| seen))
+    }
+
+    async fn cordon(&self, holder: &str) -> EffectResult<bool> {
+        self.cordon_node(holder).await
+    }
+
+    async fn uncordon(&self, holder: &str) -> EffectResult<bool> {
+        self.uncordon_node(holder).await
+    }
+
+    async fn pods_on_node(&self) -> EffectResult<Vec<PodFacts>> {
+        self.list_pods().await
+    }
+
+    async fn evict(&self, pod: &PodFacts) -> EffectResult<Eviction> {
+        self.evict_pod(pod).await
+    }
+
+    async fn budgets_recovering(&self, pods: &[PodFacts]) -> EffectResult<Vec<String>> {
+        self.recovering_budgets(pods).await
+    }
 }
 
 /// `NodeUpdated`'s status and reason for a Machine phase flexnode reports.
@@ -660,40 +690,5 @@ impl KubePublisher {
             })
             .await?;
         Ok(written.is_some())
-    }
-}
-
-/// What the daemon asks of the API server besides status writes (its watches aside).
-impl KubePublisher {
-    /// The node's Node and Machine, read afresh: what a decision that changes the node on
-    /// its own waits for (src/reconcile/owner.rs, `read_goal`).
-    pub async fn read_node_and_machine(
-        &self,
-    ) -> Result<(Option<Node>, Option<Machine>), kube::Error> {
-        let nodes: Api<Node> = Api::all(self.client.clone());
-        let machines: Api<Machine> = Api::all(self.client.clone());
-        Ok((
-            nodes.get_opt(&self.node).await?,
-            machines.get_opt(&self.node).await?,
-        ))
-    }
-
-    /// Deletes the finished operation `name` while it is still the object `uid` (its
-    /// `ttlSecondsAfterFinished` ran out). `true`: deleted now; `false`: already gone or
-    /// replaced.
-    pub async fn delete_finished(&self, name: &str, uid: &str) -> Result<bool, kube::Error> {
-        let api: Api<MachineOperation> = Api::all(self.client.clone());
-        let dp = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: Some(uid.to_owned()),
-                resource_version: None,
-            }),
-            ..Default::default()
-        };
-        match api.delete(name, &dp).await {
-            Ok(_) => Ok(true),
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
-            Err(e) => Err(e),
-        }
     }
 }

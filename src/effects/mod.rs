@@ -14,6 +14,7 @@ pub mod systemd;
 use crate::lifecycle::Timestamp;
 use crate::lifecycle::agent::{AgentBuild, InstallMode};
 use crate::lifecycle::agent::{ArchiveUrl, ImageRef, Sha256Hex, Slot};
+use crate::lifecycle::drain::PodFacts;
 use crate::lifecycle::result::{MachinePhase, OpResult};
 use crate::lifecycle::state::{Goal, OpRef, Side};
 use std::future::Future;
@@ -304,7 +305,27 @@ pub trait Host: Send + Sync {
     fn wipe_runtime(&self) -> impl Future<Output = EffectResult> + Send;
 }
 
-/// The API server: MachineOperation and Machine status, and this node's `Node`.
+/// The Node's cordon as the API server has it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CordonSeen {
+    pub unschedulable: bool,
+    /// The holder named by the agent's mark (`flexnode.io/cordoned-by`), if the Node has one.
+    pub holder: Option<String>,
+}
+
+/// What became of an eviction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Eviction {
+    /// Accepted: the pod is being deleted.
+    Evicted,
+    /// No such pod any more.
+    Gone,
+    /// Refused to keep a PodDisruptionBudget: the budgets (`namespace/name`) that select the
+    /// pod and allow no disruption now.
+    Blocked { budgets: Vec<String> },
+}
+
+/// The API server: MachineOperation and Machine status, and this node's `Node` and pods.
 pub trait Publisher: Send + Sync {
     /// The node's `Node` as the API server has it now; `None` when there is none.
     fn node_seen(&self) -> impl Future<Output = EffectResult<Option<NodeSeen>>> + Send;
@@ -329,6 +350,24 @@ pub trait Publisher: Send + Sync {
         message: &str,
         observed_generation: Option<i64>,
     ) -> impl Future<Output = EffectResult> + Send;
+    /// The node's cordon; `None` when there is no Node.
+    fn cordon_seen(&self) -> impl Future<Output = EffectResult<Option<CordonSeen>>> + Send;
+    /// Cordons the Node with `holder`'s mark, unless it is cordoned already (checked and
+    /// written as one, by resourceVersion); whether the Node carries `holder`'s mark now.
+    fn cordon(&self, holder: &str) -> impl Future<Output = EffectResult<bool>> + Send;
+    /// Lifts the cordon if the Node carries `holder`'s mark (and removes the mark); whether it
+    /// did. Any other cordon stays.
+    fn uncordon(&self, holder: &str) -> impl Future<Output = EffectResult<bool>> + Send;
+    /// The pods bound to this node.
+    fn pods_on_node(&self) -> impl Future<Output = EffectResult<Vec<PodFacts>>> + Send;
+    /// Asks the Eviction API to evict `pod`.
+    fn evict(&self, pod: &PodFacts) -> impl Future<Output = EffectResult<Eviction>> + Send;
+    /// The budgets selecting any of `pods` that do not count all their pods healthy yet
+    /// (`namespace/name (H of E healthy)`): the evicted replicas not yet Ready elsewhere.
+    fn budgets_recovering(
+        &self,
+        pods: &[PodFacts],
+    ) -> impl Future<Output = EffectResult<Vec<String>>> + Send;
 }
 
 /// Everything the executor drives, by type (no dynamic dispatch).

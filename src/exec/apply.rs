@@ -138,6 +138,13 @@ where
                 fx.systemd.restart(&machine_unit(*side)).await
             }
             Effect::RemoveMachine { side } => self.remove_machine(*side).await,
+            Effect::Drain {
+                run,
+                holder,
+                policy,
+                until,
+            } => self.drain(run.as_ref(), holder, policy, *until).await,
+            Effect::Uncordon => self.uncordon().await,
             Effect::WipeNode => self.wipe_node().await,
             Effect::UninstallAgent => self.uninstall_agent().await,
         }

@@ -2,6 +2,7 @@
 //! runs the effects, records the outcome, and reports the outcome back to the core.
 
 mod apply;
+mod drain;
 mod node;
 
 pub use apply::{start_agent, write_units};
@@ -452,8 +453,10 @@ where
         Ok(())
     }
 
-    /// Publishes results that wait in the store; returns how many still wait.
+    /// Publishes results that wait in the store, and lifts a cordon whose drain's step has
+    /// ended (`Uncordon` met an API server away); returns how many results still wait.
     pub async fn flush_outbox(&self) -> Result<usize, ExecError> {
+        self.release_cordon().await?;
         let waiting = self.store.unpublished()?;
         let mut left = 0;
         for r in waiting {

@@ -1,9 +1,10 @@
 //! Effects are data: the core says what should happen, the executor makes it happen.
 
-use super::state::{Goal, OpRef, Side};
+use super::state::{Goal, OpRef, OpRun, Side};
 
 use super::agent::UpgradeTarget;
 use super::agent::{AgentBuild, InstallMode};
+use super::drain::DrainPolicy;
 use super::result::{MachinePhase, OpResult};
 use super::time::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -102,6 +103,19 @@ pub enum Effect {
     RemoveMachine {
         side: Side,
     },
+    /// Cordon the Node for `holder` (unless someone else has cordoned it: then the cordon is
+    /// theirs and stays) and evict its pods through the Eviction API, honouring every
+    /// PodDisruptionBudget, until none is left or `until`. Progress goes to `run`'s status
+    /// (the Machine's without one) and to `flexnode status`.
+    Drain {
+        run: Option<OpRun>,
+        holder: String,
+        policy: DrainPolicy,
+        until: Timestamp,
+    },
+    /// Lift the cordon a drain placed, if the store records one and the Node still carries
+    /// its holder's mark; nothing otherwise (an operator's cordon is never lifted).
+    Uncordon,
     /// Stop and remove both sides and the node's runtime files; keeps the agent install.
     WipeNode,
     /// Stop, disable and remove the agent's units and links. Stops this daemon.
@@ -132,7 +146,9 @@ impl Effect {
             | Self::DiscardCandidate { .. }
             | Self::ProvisionMachine { .. }
             | Self::StartMachine { .. }
-            | Self::AwaitNode { .. } => false,
+            | Self::AwaitNode { .. }
+            | Self::Drain { .. }
+            | Self::Uncordon => false,
         }
     }
 
@@ -157,6 +173,8 @@ impl Effect {
             Self::StopMachine { .. } => "StopMachine",
             Self::RestartMachine { .. } => "RestartMachine",
             Self::RemoveMachine { .. } => "RemoveMachine",
+            Self::Drain { .. } => "Drain",
+            Self::Uncordon => "Uncordon",
             Self::WipeNode => "WipeNode",
             Self::UninstallAgent => "UninstallAgent",
         }
@@ -187,7 +205,9 @@ impl fmt::Display for Effect {
             | Self::StopMachine { side }
             | Self::RestartMachine { side, .. }
             | Self::RemoveMachine { side } => write!(f, "({})", side.name()),
+            Self::Drain { holder, until, .. } => write!(f, "({holder} until {until})"),
             Self::DisableSwap
+            | Self::Uncordon
             | Self::StartAgent
             | Self::RestartAgent
             | Self::WipeNode

@@ -8,6 +8,7 @@
 
 pub mod agent;
 pub mod decide;
+pub mod drain;
 pub mod effect;
 pub mod fault;
 pub mod input;

@@ -19,6 +19,8 @@ pub struct Policy {
     /// last commit (the restart's outcome, under a millisecond natively); a restart that
     /// comes sooner is found by the new daemon's probe (src/exec/apply.rs), not repeated.
     pub restart_delay_ms: u64,
+    /// The drain before a disruption (the configuration's `drain`).
+    pub drain: super::drain::DrainPolicy,
 }
 
 impl Default for Policy {
@@ -34,6 +36,7 @@ impl Default for Policy {
             reset_secs: 600,
             publish_secs: 600,
             restart_delay_ms: 100,
+            drain: super::drain::DrainPolicy::default(),
         }
     }
 }

@@ -155,6 +155,16 @@ pub enum JoinPhase {
     Starting,
 }
 
+/// A NodeReboot's steps: the drain, then the machine's restart.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum RebootPhase {
+    /// Cordon the Node and evict its pods; nothing restarted yet.
+    Draining,
+    /// Restart the machine and wait for its kubelet (older stores: the only phase).
+    #[default]
+    Restarting,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum UpgradePhase {
     /// Download or pull, verify, install into the candidate, run its `version`.
@@ -176,6 +186,8 @@ pub enum UpgradePhase {
 pub enum RepavePhase {
     /// Build the new side while the old one still runs.
     Provisioning,
+    /// The new side is built: evict the old side's pods before it stops.
+    Draining,
     /// Stop the old side, start the new one, wait for its kubelet.
     SwitchingOver,
     /// The new side failed after the old one stopped: bring the old one back.
@@ -196,6 +208,8 @@ pub enum ResetCause {
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum ResetPhase {
+    /// Cordon the Node and evict its pods; nothing wiped yet.
+    Draining,
     Wiping,
     /// The operation's result must reach the API server before the daemon goes away.
     Publishing,
@@ -220,6 +234,8 @@ pub enum NodeState {
     Rebooting {
         node: NodeInfo,
         run: OpRun,
+        #[serde(default)]
+        phase: RebootPhase,
     },
     Upgrading {
         node: NodeInfo,
@@ -282,7 +298,11 @@ impl NodeState {
     /// The sub-phase, for states that have one.
     pub fn step_name(&self) -> Option<&'static str> {
         match self {
-            Self::Unjoined { .. } | Self::Ready { .. } | Self::Rebooting { .. } => None,
+            Self::Unjoined { .. } | Self::Ready { .. } => None,
+            Self::Rebooting { phase, .. } => Some(match phase {
+                RebootPhase::Draining => "Draining",
+                RebootPhase::Restarting => "Restarting",
+            }),
             Self::Joining { phase, .. } => Some(match phase {
                 JoinPhase::Installing => "Installing",
                 JoinPhase::Starting => "Starting",
@@ -295,11 +315,13 @@ impl NodeState {
             }),
             Self::Repaving { phase, .. } => Some(match phase {
                 RepavePhase::Provisioning => "Provisioning",
+                RepavePhase::Draining => "Draining",
                 RepavePhase::SwitchingOver => "SwitchingOver",
                 RepavePhase::RollingBack { .. } => "RollingBack",
                 RepavePhase::Retiring => "Retiring",
             }),
             Self::Resetting { phase, .. } => Some(match phase {
+                ResetPhase::Draining => "Draining",
                 ResetPhase::Wiping => "Wiping",
                 ResetPhase::Publishing => "Publishing",
                 ResetPhase::Uninstalling => "Uninstalling",
@@ -333,7 +355,13 @@ impl NodeState {
     /// The operation this state runs and its kind, as [`ClaimKind::name`] spells it.
     pub fn operation(&self) -> Option<(&OpRef, &'static str)> {
         match self {
-            Self::Rebooting { run, .. } => Some((&run.op, ClaimKind::NodeReboot.name())),
+            Self::Rebooting { run, .. } => Some((
+                &run.op,
+                ClaimKind::NodeReboot {
+                    parameters: Default::default(),
+                }
+                .name(),
+            )),
             Self::Upgrading { run, .. } => Some((
                 &run.op,
                 ClaimKind::AgentUpgrade {
@@ -341,7 +369,13 @@ impl NodeState {
                 }
                 .name(),
             )),
-            Self::Resetting { run: Some(run), .. } => Some((&run.op, ClaimKind::AgentReset.name())),
+            Self::Resetting { run: Some(run), .. } => Some((
+                &run.op,
+                ClaimKind::AgentReset {
+                    parameters: Default::default(),
+                }
+                .name(),
+            )),
             Self::Unjoined { .. }
             | Self::Joining { .. }
             | Self::Ready { .. }

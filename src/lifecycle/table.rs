@@ -55,12 +55,33 @@ fn goal(generation: i64) -> Goal {
     Goal::new(generation, &format!("v1.3{}.0", 3 + generation))
 }
 
-/// The claim kinds the alphabet uses: every variant, and AgentUpgrade with a valid archive,
-/// a valid image and an invalid URL.
+fn params(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// The claim kinds the alphabet uses: every variant (NodeReboot and AgentReset drained as
+/// configured, not drained, and with a drain parameter refused), and AgentUpgrade with a
+/// valid archive, a valid image and an invalid URL.
 pub fn claim_kinds() -> Vec<ClaimKind> {
     vec![
-        ClaimKind::NodeReboot,
-        ClaimKind::AgentReset,
+        ClaimKind::NodeReboot {
+            parameters: params(&[]),
+        },
+        ClaimKind::NodeReboot {
+            parameters: params(&[("drain", "false")]),
+        },
+        ClaimKind::NodeReboot {
+            parameters: params(&[("drainTimeout", "soon")]),
+        },
+        ClaimKind::AgentReset {
+            parameters: params(&[]),
+        },
+        ClaimKind::AgentReset {
+            parameters: params(&[("drain", "false")]),
+        },
         upgrade("https://artifacts.example/flexnode.tar.gz?sig=s3cr3t"),
         upgrade("oci://registry.example/flexnode:v2"),
         upgrade("ftp://artifacts.example/flexnode.tar.gz"),
@@ -278,7 +299,10 @@ pub fn control(state: &NodeState) -> NodeState {
         }
         NodeState::Repaving { phase, .. } => match phase {
             RepavePhase::RollingBack { message } => message.clear(),
-            RepavePhase::Provisioning | RepavePhase::SwitchingOver | RepavePhase::Retiring => {}
+            RepavePhase::Provisioning
+            | RepavePhase::Draining
+            | RepavePhase::SwitchingOver
+            | RepavePhase::Retiring => {}
         },
     }
     state
@@ -309,9 +333,10 @@ pub fn shift_state(state: &NodeState, ms: i64) -> NodeState {
             phase: *phase,
             deadline: shift(*deadline, ms),
         },
-        NodeState::Rebooting { node, run } => NodeState::Rebooting {
+        NodeState::Rebooting { node, run, phase } => NodeState::Rebooting {
             node: node.clone(),
             run: shift_run(run, ms),
+            phase: *phase,
         },
         NodeState::Upgrading {
             node,
@@ -378,7 +403,19 @@ pub fn shift_effect(effect: &Effect, ms: i64) -> Effect {
             machine_generation: *machine_generation,
             started_at: shift(*started_at, ms),
         },
+        Effect::Drain {
+            run,
+            holder,
+            policy,
+            until,
+        } => Effect::Drain {
+            run: run.as_ref().map(|r| shift_run(r, ms)),
+            holder: holder.clone(),
+            policy: policy.clone(),
+            until: shift(*until, ms),
+        },
         Effect::AwaitPublished { .. }
+        | Effect::Uncordon
         | Effect::ReportMachine { .. }
         | Effect::InstallAgent { .. }
         | Effect::WriteUnits { .. }

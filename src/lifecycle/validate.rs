@@ -1,5 +1,5 @@
-//! AgentUpgrade parameter validation for both install modes (docs/design.md, "The state
-//! machine", says what each accepts).
+//! Operation parameter validation: AgentUpgrade's for both install modes (docs/design.md, "The
+//! state machine", says what each accepts), the drain's in `drain.rs`.
 //!
 //! Every rejection is a fixed string: a URL may carry a SAS token in its query or credentials in
 //! its userinfo, and parser errors echo their input, so no part of the input ever reaches a
@@ -30,6 +30,10 @@ pub enum InvalidParameter {
     InvalidImageReference,
     DigestInImageReference,
     UnsupportedArchitecture,
+    DrainNotBoolean,
+    DrainTimeoutInvalid,
+    DrainOnTimeoutInvalid,
+    DrainEmptyDirNotBoolean,
 }
 
 impl InvalidParameter {
@@ -56,6 +60,16 @@ impl InvalidParameter {
                 "parameter downloadURL must not embed a digest; pass it in sha256"
             }
             Self::UnsupportedArchitecture => "this node's CPU architecture has no agent build",
+            Self::DrainNotBoolean => "parameter drain must be \"true\" or \"false\"",
+            Self::DrainTimeoutInvalid => {
+                "parameter drainTimeout must be a duration such as 90s, 10m or 1h30m, at most 24h"
+            }
+            Self::DrainOnTimeoutInvalid => {
+                "parameter drainOnTimeout must be \"Fail\" or \"Proceed\""
+            }
+            Self::DrainEmptyDirNotBoolean => {
+                "parameter drainDeleteEmptyDirData must be \"true\" or \"false\""
+            }
         }
     }
 }

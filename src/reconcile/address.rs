@@ -3,9 +3,9 @@
 
 use crate::api::Machine;
 use crate::api::machine_operation::{MachineOperation, OperationKind, OperationPhase};
+use crate::api::selector_matches;
 use crate::lifecycle::input::{Claim, ClaimKind};
 use crate::lifecycle::state::{Goal, NodeSettings, OpRef};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use std::collections::BTreeMap;
 
 /// The goal a Machine states: its generation, `spec.kubernetes.version` (`default_version`
@@ -49,29 +49,6 @@ pub fn elsewhere(op: &MachineOperation, node: &str) -> bool {
         .is_some_and(|name| !name.is_empty() && name != node)
 }
 
-/// `metav1.LabelSelector` semantics: every `matchLabels` pair and every expression must hold;
-/// an empty selector matches everything.
-pub fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
-    let pairs = selector
-        .match_labels
-        .iter()
-        .flatten()
-        .all(|(k, v)| labels.get(k) == Some(v));
-    let exprs = selector.match_expressions.iter().flatten().all(|e| {
-        let values = e.values.as_deref().unwrap_or_default();
-        let value = labels.get(&e.key);
-        match e.operator.as_str() {
-            "In" => value.is_some_and(|v| values.contains(v)),
-            "NotIn" => value.is_none_or(|v| !values.contains(v)),
-            "Exists" => value.is_some(),
-            "DoesNotExist" => value.is_none(),
-            // An operator the API server would have rejected matches nothing.
-            _ => false,
-        }
-    });
-    pairs && exprs
-}
-
 /// Handlers run only for a phase that is empty or Pending; InProgress is never re-executed
 /// from the API (an interrupted one is resumed from the store).
 pub fn is_claimable(op: &MachineOperation) -> bool {
@@ -85,8 +62,12 @@ pub fn is_claimable(op: &MachineOperation) -> bool {
 /// which are left untouched.
 pub fn claim(op: &MachineOperation, machine_generation: i64) -> Option<Claim> {
     let kind = match op.spec.operation_kind {
-        OperationKind::NodeReboot => ClaimKind::NodeReboot,
-        OperationKind::AgentReset => ClaimKind::AgentReset,
+        OperationKind::NodeReboot => ClaimKind::NodeReboot {
+            parameters: op.spec.parameters.clone().unwrap_or_default(),
+        },
+        OperationKind::AgentReset => ClaimKind::AgentReset {
+            parameters: op.spec.parameters.clone().unwrap_or_default(),
+        },
         OperationKind::AgentUpgrade => ClaimKind::AgentUpgrade {
             parameters: op.spec.parameters.clone().unwrap_or_default(),
         },
@@ -110,7 +91,7 @@ pub fn claim(op: &MachineOperation, machine_generation: i64) -> Option<Claim> {
 mod tests {
     use super::*;
     use crate::api::machine_operation::MachineOperationSpec;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
     fn op(machine_ref: Option<&str>, selector: Option<LabelSelector>) -> MachineOperation {
         let mut op = MachineOperation::new(

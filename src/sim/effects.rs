@@ -4,13 +4,12 @@
 use super::host::SimHost;
 use super::world::*;
 use crate::effects::{
-    Containerd, EffectError, EffectResult, Host, MachineStatus, MachineTree, NodeSeen, Publisher,
-    Systemd, check_unit_name,
+    Containerd, EffectError, EffectResult, Host, MachineStatus, MachineTree, Systemd,
+    check_unit_name,
 };
 use crate::lifecycle::Timestamp;
 use crate::lifecycle::agent::{AgentBuild, ArchiveUrl, ImageRef, InstallMode, Sha256Hex, Slot};
-use crate::lifecycle::result::{MachinePhase, OpResult};
-use crate::lifecycle::state::{Goal, OpRef, Side};
+use crate::lifecycle::state::{Goal, Side};
 use std::path::{Path, PathBuf};
 
 /// Where the simulated machine trees are (a name only: nothing is written).
@@ -571,81 +570,6 @@ impl Host for SimHost {
         self.pause("wipe_runtime").await;
         self.run("wipe_runtime", "", |w| {
             w.runtime_files = false;
-            Ok(())
-        })
-    }
-}
-
-impl Publisher for SimHost {
-    async fn report_progress(
-        &self,
-        op: &OpRef,
-        message: &str,
-        machine_generation: i64,
-        _started_at: Timestamp,
-    ) -> EffectResult {
-        self.run("report_progress", &op.name, |w| {
-            w.api()?;
-            w.api.push(ApiWrite::Progress {
-                op: op.clone(),
-                message: message.to_string(),
-                machine_generation,
-            });
-            Ok(())
-        })
-    }
-
-    async fn publish_result(&self, op: &OpRef, result: &OpResult, at: Timestamp) -> EffectResult {
-        self.run("publish_result", &op.name, |w| {
-            w.api()?;
-            let write = ApiWrite::Result {
-                op: op.clone(),
-                result: result.clone(),
-                completed_at: at,
-            };
-            // As on a real API server, writing the status the object already has is no new
-            // version: a re-publish after a crash is not a second result.
-            let current = w
-                .api
-                .iter()
-                .rev()
-                .find(|a| matches!(a, ApiWrite::Result { op: o, .. } if o.uid == op.uid));
-            if current != Some(&write) {
-                w.api.push(write);
-            }
-            Ok(())
-        })
-    }
-
-    /// A kubelet reports its Node Ready as soon as its machine (one from a node image) runs.
-    async fn node_seen(&self) -> EffectResult<Option<NodeSeen>> {
-        self.read("node_seen", "")?;
-        let w = self.world();
-        w.api()?;
-        let running = w.machines.values().find(|m| m.running && m.image.is_some());
-        Ok(running.map(|m| NodeSeen {
-            ready: "True".into(),
-            reason: "KubeletReady".into(),
-            message: String::new(),
-            heartbeat: m.started_at,
-            boot_id: String::new(),
-            kubelet_version: m.kubernetes_version.clone().unwrap_or_default(),
-        }))
-    }
-
-    async fn report_machine(
-        &self,
-        phase: MachinePhase,
-        message: &str,
-        observed_generation: Option<i64>,
-    ) -> EffectResult {
-        self.run("report_machine", phase.as_str(), |w| {
-            w.api()?;
-            w.api.push(ApiWrite::Machine {
-                phase,
-                message: message.to_string(),
-                observed_generation,
-            });
             Ok(())
         })
     }

@@ -46,6 +46,10 @@ pub struct HostSnapshot {
     pub results: BTreeMap<String, (crate::lifecycle::result::ResultReason, String)>,
     /// The last Machine status written.
     pub machine_status: Option<(MachinePhase, String, Option<i64>)>,
+    /// The Node's cordon, the pods still bound to it, every eviction.
+    pub cordon: Option<String>,
+    pub pods: Vec<String>,
+    pub evictions: Vec<String>,
 }
 
 type TimeSource = Arc<dyn Fn() -> Timestamp + Send + Sync>;
@@ -304,6 +308,9 @@ impl SimHost {
             agent_restarts: w.agent_restarts,
             results,
             machine_status,
+            cordon: w.cordon.clone(),
+            pods: w.pods.clone(),
+            evictions: w.evictions.clone(),
         }
     }
 

@@ -6,6 +6,7 @@
 mod effects;
 mod host;
 mod node;
+mod publisher;
 mod world;
 
 pub use host::{HostSnapshot, SimHost, StopAtCrash, UnitSnapshot};

@@ -182,6 +182,16 @@ pub struct World {
     pub agent_restart_due: bool,
     pub api: Vec<ApiWrite>,
     pub api_down: bool,
+    /// The Node's cordon: `Some(holder)` when a drain placed it, `Some("")` when someone else
+    /// did (an operator); `None`: schedulable.
+    #[serde(default)]
+    pub cordon: Option<String>,
+    /// The pods (`namespace/name`) bound to the node, each made again elsewhere when evicted.
+    #[serde(default)]
+    pub pods: Vec<String>,
+    /// Every eviction, in order.
+    #[serde(default)]
+    pub evictions: Vec<String>,
     #[serde(skip)]
     pub faults: Vec<Fault>,
     /// Calls (`call(detail)`) that fail every time: a broken part of the host.

@@ -9,6 +9,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../state/0003_node_seen.sql"),
     include_str!("../../state/0004_step_report.sql"),
     include_str!("../../state/0005_machine_images.sql"),
+    include_str!("../../state/0006_cordon.sql"),
 ];
 
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

@@ -4,6 +4,7 @@
 //! A step is persisted as intent (next state + its effects, journal entry without outcome)
 //! before any effect runs, and its outcome after. After a crash the intent is still there.
 
+pub mod cordon;
 pub mod fault;
 pub mod journal;
 pub mod machine_images;

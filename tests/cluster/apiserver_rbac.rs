@@ -17,6 +17,7 @@ pub(crate) const OPS_POLICY: &str =
 const OPS_MESSAGE: &str = "flexnode agents may only write operations addressed to their own node";
 const MACHINE_POLICY: &str = "ValidatingAdmissionPolicy 'flexnode-agent-own-machine'";
 const MACHINE_MESSAGE: &str = "flexnode agents may only write the Machine of their own node";
+const NODE_POLICY: &str = "ValidatingAdmissionPolicy 'flexnode-agent-own-node'";
 pub(crate) const IN_PROGRESS: &str = r#"{"status":{"phase":"InProgress"}}"#;
 
 /// The lab's kubectl with a node agent's client certificate.
@@ -144,6 +145,11 @@ fn agents_write_only_their_own_node_s_operations_and_machine() {
     }
     objects += &machine("node-a");
     objects += &machine("node-b");
+    for node in ["node-a", "node-b"] {
+        objects += &format!(
+            "apiVersion: v1\nkind: Node\nmetadata:\n  name: {node}\n  labels: {{site: flex}}\n---\n"
+        );
+    }
     apply_yaml(&lab, "objects.yaml", &objects);
 
     let node_a = Agent::new(&lab, "node-a");
@@ -164,7 +170,33 @@ fn agents_write_only_their_own_node_s_operations_and_machine() {
         node_a.patch_status("mach", "probe-node-b", r#"{"status":{"phase":"Ready"}}"#)
     });
     assert!(out.contains(MACHINE_MESSAGE), "{out}");
+    let out = until_refused_by(NODE_POLICY, || node_a.kubectl(&["cordon", "node-b"]));
+    assert!(out.contains("may only write their own Node"), "{out}");
     let settle = started.elapsed();
+
+    // Its own Node's cordon (a drain's), with the drain's mark: allowed. Its labels: refused.
+    let (ok, out) = node_a.kubectl(&[
+        "patch",
+        "node",
+        "node-a",
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"annotations":{"flexnode.io/cordoned-by":"operation/x"}},"spec":{"unschedulable":true}}"#,
+    ]);
+    assert!(ok, "{out}");
+    let (ok, out) = node_a.kubectl(&["uncordon", "node-a"]);
+    assert!(ok, "{out}");
+    let (ok, out) = node_a.kubectl(&["label", "node", "node-a", "site=elsewhere", "--overwrite"]);
+    assert!(!ok && out.contains(NODE_POLICY), "{out}");
+    // What a drain reads and asks: the pods on its Node, budgets, evictions.
+    for (verb, resource) in [
+        ("list", "pods"),
+        ("create", "pods/eviction"),
+        ("list", "poddisruptionbudgets.policy"),
+    ] {
+        let (_, out) = node_a.kubectl(&["auth", "can-i", verb, resource, "-A"]);
+        assert_eq!(out.trim(), "yes", "node-a cannot {verb} {resource}");
+    }
 
     // Reads: its own operations by field selector, Nodes.
     let (ok, out) = node_a.kubectl(&[
@@ -308,7 +340,7 @@ fn agents_write_only_their_own_node_s_operations_and_machine() {
     let (ok, out) = node_a.kubectl(&["create", "-f", &event.display().to_string()]);
     assert!(ok, "{out}");
 
-    // Nothing else: secrets, and writes to Nodes.
+    // Nothing else: secrets, Nodes beyond a cordon, pods beyond evictions.
     let (ok, out) = node_a.kubectl(&["get", "secrets", "-A"]);
     assert!(
         !ok && out.contains(r#"User "system:flexnode:node-a" cannot list resource "secrets""#),
@@ -327,7 +359,11 @@ fn agents_write_only_their_own_node_s_operations_and_machine() {
         ("update", "machines.unbounded-cloud.io"),
         ("delete", "machines.unbounded-cloud.io"),
         ("deletecollection", "machineoperations.unbounded-cloud.io"),
-        ("patch", "nodes"),
+        ("update", "nodes"),
+        ("delete", "nodes"),
+        ("create", "pods"),
+        ("delete", "pods"),
+        ("get", "pods"),
         ("delete", "events"),
         ("get", "configmaps"),
     ] {

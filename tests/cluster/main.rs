@@ -9,6 +9,7 @@ mod apiserver_crds;
 mod apiserver_rbac;
 mod daemon;
 mod daemon_bad_env;
+mod drain;
 mod exec_credentials;
 mod identity;
 mod machine_goal;

@@ -71,8 +71,8 @@ fn the_alphabet_covers_every_input_variant() {
         match input {
             Input::OperationClaimed(c) => {
                 let kind = match &c.kind {
-                    ClaimKind::NodeReboot => "NodeReboot",
-                    ClaimKind::AgentReset => "AgentReset",
+                    ClaimKind::NodeReboot { .. } => "NodeReboot",
+                    ClaimKind::AgentReset { .. } => "AgentReset",
                     ClaimKind::AgentUpgrade { .. } => "AgentUpgrade",
                 };
                 uids_per_kind
@@ -286,15 +286,18 @@ fn exploration_reaches_every_phase() {
         "Joining_Installing",
         "Joining_Starting",
         "Ready",
-        "Rebooting",
+        "Rebooting_Draining",
+        "Rebooting_Restarting",
         "Upgrading_Staging",
         "Upgrading_Switching",
         "Upgrading_HandingOff",
         "Upgrading_RollingBack",
         "Repaving_Provisioning",
+        "Repaving_Draining",
         "Repaving_SwitchingOver",
         "Repaving_RollingBack",
         "Repaving_Retiring",
+        "Resetting_Draining",
         "Resetting_Wiping",
         "Resetting_Publishing",
         "Resetting_Uninstalling",
@@ -331,8 +334,8 @@ fn input_strategy(secret: String) -> impl Strategy<Value = Input> {
     ]);
     let shas = prop::sample::select(vec![DIGEST_UPGRADE.to_string(), format!("{secret}")]);
     let kinds = prop_oneof![
-        Just(ClaimKind::NodeReboot),
-        Just(ClaimKind::AgentReset),
+        Just(ClaimKind::node_reboot()),
+        Just(ClaimKind::agent_reset()),
         (urls, shas).prop_map(|(u, s)| ClaimKind::AgentUpgrade {
             parameters: BTreeMap::from([("downloadURL".to_string(), u), ("sha256".to_string(), s)])
         }),

@@ -5,6 +5,7 @@
 
 use flexnode::lifecycle::agent::{AgentBuild, InstallMode, Slot};
 use flexnode::lifecycle::agent::{Arch, Sha256Hex};
+use flexnode::lifecycle::drain::{DrainPolicy, OnTimeout};
 use flexnode::lifecycle::input::{
     Claim, ClaimKind, GoalObservation, JoinRequest, MachineObservation, NodeObservation,
 };
@@ -398,7 +399,7 @@ fn join_rows() -> Vec<Row> {
             name: "Unjoined refuses everything but a join",
             from: From::Unjoined,
             steps: vec![
-                refuse(claim("a", ClaimKind::NodeReboot), Refusal::NotJoined),
+                refuse(claim("a", ClaimKind::node_reboot()), Refusal::NotJoined),
                 refuse(Input::ResetRequested, Refusal::NotJoined),
                 refuse_kind(Input::EffectsDone, "NothingPending"),
             ],
@@ -420,24 +421,38 @@ fn join_rows() -> Vec<Row> {
 
 fn reboot_rows() -> Vec<Row> {
     let host = From::Joined(InstallMode::Host);
-    let reboot = || claim("r1", ClaimKind::NodeReboot);
+    let reboot = || claim("r1", ClaimKind::node_reboot());
+    let reboot_with = |key: &str, value: &str| {
+        claim(
+            "r1",
+            ClaimKind::NodeReboot {
+                parameters: BTreeMap::from([(key.to_string(), value.to_string())]),
+            },
+        )
+    };
+    let drained = || {
+        vec![
+            feed(reboot(), state("Rebooting/Draining")),
+            done(state("Rebooting/Restarting")),
+        ]
+    };
+    let with = |mut prefix: Vec<(Act, Then)>, rest: Vec<(Act, Then)>| {
+        prefix.extend(rest);
+        prefix
+    };
     vec![
         Row {
-            name: "NodeReboot restarts the active machine and completes",
+            name: "NodeReboot drains, restarts the active machine, uncordons and completes",
             from: host,
             steps: vec![
                 feed(
                     reboot(),
                     Then {
-                        state: Some("Rebooting"),
-                        effects: Some(&[
-                            "ReportProgress",
-                            "ReportMachine",
-                            "RestartMachine",
-                            "AwaitNode",
-                        ]),
-                        // The Machine says Rebooting before the restart, its applied
-                        // settings version kept.
+                        state: Some("Rebooting/Draining"),
+                        effects: Some(&["ReportProgress", "ReportMachine", "Drain"]),
+                        // The Machine says Rebooting before the drain, its applied settings
+                        // version kept; the drain is the operation's, as configured, for its
+                        // timeout, and the operation's deadline counts it.
                         check: Some(|next, e| {
                             let applied = next.node().map(|n| n.applied.generation);
                             assert!(
@@ -445,28 +460,54 @@ fn reboot_rows() -> Vec<Row> {
                                 "{:?}",
                                 e[1]
                             );
+                            let Effect::Drain {
+                                run: Some(run),
+                                holder,
+                                policy,
+                                until,
+                            } = &e[2]
+                            else {
+                                panic!("{:?}", e[2])
+                            };
+                            assert_eq!(holder, "operation/uid-r1");
+                            assert_eq!(policy, &DrainPolicy::default());
+                            assert_eq!(*until, T0.plus_secs(600));
+                            assert_eq!(run.deadline, T0.plus_secs(600 + 600));
+                            assert_eq!(next.deadline(), Some(run.deadline));
+                        }),
+                        ..any()
+                    },
+                ),
+                refuse(reboot(), Refusal::AlreadyRunning { op: op("r1") }),
+                refuse_kind(claim("r2", ClaimKind::node_reboot()), "Busy"),
+                at(
+                    30,
+                    Input::EffectsDone,
+                    Then {
+                        state: Some("Rebooting/Restarting"),
+                        effects: Some(&["ReportProgress", "RestartMachine", "AwaitNode"]),
+                        // Restarted once the drain is over, not before.
+                        check: Some(|_, e| {
                             assert_eq!(
-                                e[2],
+                                e[1],
                                 Effect::RestartMachine {
                                     side: Side::Kube1,
-                                    not_before: T0
+                                    not_before: T0.plus_secs(30)
                                 }
                             );
                         }),
                         ..any()
                     },
                 ),
-                refuse(reboot(), Refusal::AlreadyRunning { op: op("r1") }),
-                refuse_kind(claim("r2", ClaimKind::NodeReboot), "Busy"),
                 done(Then {
                     state: Some("Ready"),
-                    effects: Some(&["PublishResult", "ReportMachine"]),
+                    effects: Some(&["Uncordon", "PublishResult", "ReportMachine"]),
                     check: Some(|next, e| {
                         let applied = next.node().map(|n| n.applied.generation);
                         assert!(
-                            reports_machine(&e[1..2], MachinePhase::Ready, applied),
+                            reports_machine(&e[2..3], MachinePhase::Ready, applied),
                             "{:?}",
-                            e[1]
+                            e[2]
                         );
                     }),
                     ..publishes(
@@ -478,21 +519,92 @@ fn reboot_rows() -> Vec<Row> {
             ],
         },
         Row {
-            name: "a failed NodeReboot publishes ExecutionFailed with the failure",
+            name: "a NodeReboot with drain \"false\" restarts at once",
+            from: host,
+            steps: vec![
+                feed(
+                    reboot_with("drain", "false"),
+                    Then {
+                        state: Some("Rebooting/Restarting"),
+                        effects: Some(&[
+                            "ReportProgress",
+                            "ReportMachine",
+                            "RestartMachine",
+                            "AwaitNode",
+                        ]),
+                        check: Some(|next, _| {
+                            assert_eq!(next.deadline(), Some(T0.plus_secs(600)));
+                        }),
+                        ..any()
+                    },
+                ),
+                done(Then {
+                    effects: Some(&["Uncordon", "PublishResult", "ReportMachine"]),
+                    ..publishes(
+                        ResultReason::Succeeded,
+                        Message::Exactly("NodeReboot completed"),
+                    )
+                }),
+            ],
+        },
+        Row {
+            name: "a drain parameter the agent cannot read is InvalidParameters, nothing done",
+            from: host,
+            steps: vec![feed(
+                reboot_with("drainTimeout", "whenever"),
+                Then {
+                    state: Some("Ready"),
+                    effects: Some(&["PublishResult"]),
+                    ..publishes(
+                        ResultReason::InvalidParameters,
+                        Message::Exactly(
+                            "parameter drainTimeout must be a duration such as 90s, 10m or \
+                             1h30m, at most 24h",
+                        ),
+                    )
+                },
+            )],
+        },
+        Row {
+            name: "a drain that fails ends the NodeReboot uncordoned, nothing restarted",
             from: host,
             steps: vec![
                 feed(reboot(), any()),
                 feed(
-                    failed("machine kube1 did not start"),
-                    publishes(
-                        ResultReason::ExecutionFailed,
-                        Message::Exactly("machine kube1 did not start"),
+                    failed(
+                        "drain timed out after 10m0s: 1 pod left: default/web held by budget default/web",
                     ),
+                    Then {
+                        state: Some("Ready"),
+                        effects: Some(&["Uncordon", "PublishResult", "ReportMachine"]),
+                        ..publishes(
+                            ResultReason::ExecutionFailed,
+                            Message::Contains("held by budget default/web"),
+                        )
+                    },
                 ),
             ],
         },
         Row {
-            name: "a NodeReboot waits for its deadline, then times out",
+            name: "a failed NodeReboot publishes ExecutionFailed with the failure",
+            from: host,
+            steps: with(
+                drained(),
+                vec![feed(
+                    failed("machine kube1 did not start"),
+                    Then {
+                        effects: Some(&["Uncordon", "PublishResult", "ReportMachine"]),
+                        ..publishes(
+                            ResultReason::ExecutionFailed,
+                            Message::Exactly("machine kube1 did not start"),
+                        )
+                    },
+                )],
+            ),
+        },
+        Row {
+            name: "a NodeReboot waits for its deadline (its drain's time and its own), then \
+                   times out",
             from: host,
             steps: vec![
                 feed(reboot(), any()),
@@ -506,12 +618,38 @@ fn reboot_rows() -> Vec<Row> {
                     },
                 ),
                 at(
-                    601,
+                    1199,
                     Input::Tick,
-                    publishes(
-                        ResultReason::ExecutionFailed,
-                        Message::Exactly("NodeReboot timed out"),
-                    ),
+                    Then {
+                        unchanged: true,
+                        ..any()
+                    },
+                ),
+                at(
+                    1201,
+                    Input::Tick,
+                    Then {
+                        effects: Some(&["Uncordon", "PublishResult", "ReportMachine"]),
+                        ..publishes(
+                            ResultReason::ExecutionFailed,
+                            Message::Exactly("NodeReboot timed out"),
+                        )
+                    },
+                ),
+            ],
+        },
+        Row {
+            name: "a reset during a drain wipes without restarting and lifts the cordon",
+            from: host,
+            steps: vec![
+                feed(reboot(), any()),
+                feed(
+                    Input::ResetRequested,
+                    Then {
+                        state: Some("Resetting/Wiping"),
+                        effects: Some(&["PublishResult", "WipeNode", "Uncordon"]),
+                        ..any()
+                    },
                 ),
             ],
         },
@@ -806,13 +944,22 @@ fn upgrade_rows() -> Vec<Row> {
 
 fn reset_rows() -> Vec<Row> {
     let host = From::Joined(InstallMode::Host);
-    // Wiped; the result is being published.
+    // Drained, wiped; the result is being published.
     let publishing = || {
         vec![
             feed(
-                claim("x1", ClaimKind::AgentReset),
-                effects(&["ReportProgress", "WipeNode"]),
+                claim("x1", ClaimKind::agent_reset()),
+                Then {
+                    state: Some("Resetting/Draining"),
+                    effects: Some(&["ReportProgress", "Drain"]),
+                    ..any()
+                },
             ),
+            done(Then {
+                state: Some("Resetting/Wiping"),
+                effects: Some(&["WipeNode", "Uncordon"]),
+                ..any()
+            }),
             done(Then {
                 effects: Some(&["PublishResult", "AwaitPublished"]),
                 check: Some(|s, _| {
@@ -847,7 +994,7 @@ fn reset_rows() -> Vec<Row> {
                 vec![
                     done(effects(&["UninstallAgent"])),
                     done(state("Unjoined")),
-                    refuse(claim("x1", ClaimKind::AgentReset), Refusal::NotJoined),
+                    refuse(claim("x1", ClaimKind::agent_reset()), Refusal::NotJoined),
                 ],
             ),
         },
@@ -886,25 +1033,59 @@ fn reset_rows() -> Vec<Row> {
             name: "a failed AgentReset publishes and keeps the daemon",
             from: host,
             steps: vec![
-                feed(claim("x1", ClaimKind::AgentReset), any()),
+                feed(claim("x1", ClaimKind::agent_reset()), any()),
+                done(any()),
                 feed(
                     failed("umount busy"),
                     Then {
                         state: Some("Ready"),
+                        effects: Some(&["Uncordon", "PublishResult"]),
                         ..publishes(ResultReason::ExecutionFailed, Message::Any)
                     },
                 ),
             ],
         },
         Row {
+            name: "an AgentReset whose drain fails wipes nothing and lifts the cordon",
+            from: host,
+            steps: vec![
+                feed(claim("x1", ClaimKind::agent_reset()), any()),
+                feed(
+                    failed("drain refused: default/db: its emptyDir data would be lost"),
+                    Then {
+                        state: Some("Ready"),
+                        effects: Some(&["Uncordon", "PublishResult"]),
+                        ..publishes(ResultReason::ExecutionFailed, Message::Contains("emptyDir"))
+                    },
+                ),
+            ],
+        },
+        Row {
+            name: "an AgentReset with drain \"false\" wipes at once",
+            from: host,
+            steps: vec![feed(
+                claim(
+                    "x1",
+                    ClaimKind::AgentReset {
+                        parameters: BTreeMap::from([("drain".into(), "false".into())]),
+                    },
+                ),
+                Then {
+                    state: Some("Resetting/Wiping"),
+                    effects: Some(&["ReportProgress", "WipeNode", "Uncordon"]),
+                    ..any()
+                },
+            )],
+        },
+        Row {
             name: "a CLI reset interrupting an operation publishes its result first",
             from: host,
             steps: vec![
-                feed(claim("r1", ClaimKind::NodeReboot), any()),
+                feed(claim("r1", ClaimKind::node_reboot()), any()),
                 feed(
                     Input::ResetRequested,
                     Then {
-                        effects: Some(&["PublishResult", "WipeNode"]),
+                        effects: Some(&["PublishResult", "WipeNode", "Uncordon"]),
                         ..publishes(
                             ResultReason::ExecutionFailed,
                             Message::Exactly("interrupted by a node reset"),
@@ -939,8 +1120,10 @@ fn reset_rows() -> Vec<Row> {
                 feed(
                     observe(taint, MachineObservation::Missing),
                     Then {
-                        effects: Some(&["WipeNode"]),
-                        check: Some(|s, _| {
+                        effects: Some(&["Drain"]),
+                        // The Node is going: the drain does what budgets allow in its time,
+                        // then the wipe goes ahead.
+                        check: Some(|s, e| {
                             assert!(
                                 matches!(
                                     s,
@@ -951,10 +1134,16 @@ fn reset_rows() -> Vec<Row> {
                                 ),
                                 "{s}"
                             );
+                            assert!(
+                                matches!(&e[0], Effect::Drain { run: None, policy, .. }
+                                    if policy.on_timeout == OnTimeout::Proceed),
+                                "{e:?}"
+                            );
                         }),
                         ..any()
                     },
                 ),
+                done(effects(&["WipeNode", "Uncordon"])),
                 done(effects(&["UninstallAgent"])),
                 done(state("Unjoined")),
             ],
@@ -998,6 +1187,17 @@ fn repave_rows() -> Vec<Row> {
                     node_gone_goal(2),
                     effects(&["ReportMachine", "ProvisionMachine"]),
                 ),
+                // The old side's pods evicted before it stops.
+                done(Then {
+                    state: Some("Repaving/Draining"),
+                    check: Some(|_, e| {
+                        assert!(
+                            matches!(e, [Effect::Drain { run: None, holder, .. }] if holder == "repave/2"),
+                            "{e:?}"
+                        );
+                    }),
+                    ..any()
+                }),
                 done(exactly(vec![
                     Effect::StopMachine { side: Side::Kube1 },
                     Effect::StartMachine { side: Side::Kube2 },
@@ -1010,10 +1210,31 @@ fn repave_rows() -> Vec<Row> {
                         let node = s.node().expect("node");
                         assert_eq!(node.applied, goal(2));
                         assert_eq!(node.previous, Some(goal(1)));
-                        assert!(reports_machine(e, MachinePhase::Ready, Some(2)), "{e:?}");
+                        assert_eq!(e[0], Effect::Uncordon);
+                        assert!(
+                            reports_machine(&e[1..], MachinePhase::Ready, Some(2)),
+                            "{e:?}"
+                        );
                     }),
                     ..any()
                 }),
+            ],
+        },
+        Row {
+            name: "a drain that fails drops the new side and keeps the old one running",
+            from: host,
+            steps: vec![
+                feed(node_gone_goal(2), any()),
+                done(state("Repaving/Draining")),
+                feed(
+                    failed("drain timed out after 10m0s: 1 pod left"),
+                    Then {
+                        state: Some("Ready"),
+                        active: Some(Side::Kube1),
+                        effects: Some(&["RemoveMachine", "Uncordon", "ReportMachine"]),
+                        ..any()
+                    },
+                ),
             ],
         },
         Row {
@@ -1021,6 +1242,7 @@ fn repave_rows() -> Vec<Row> {
             from: host,
             steps: vec![
                 feed(node_gone_goal(2), any()),
+                done(any()),
                 done(any()),
                 feed(
                     failed("kubelet not ready on kube2"),
@@ -1039,7 +1261,7 @@ fn repave_rows() -> Vec<Row> {
                     check: Some(|s, e| {
                         assert_eq!(s.node().map(|n| n.applied.clone()), Some(goal(1)));
                         assert!(
-                            matches!(e, [Effect::ReportMachine { phase: MachinePhase::Failed, message, .. }]
+                            matches!(e, [Effect::Uncordon, Effect::ReportMachine { phase: MachinePhase::Failed, message, .. }]
                                 if message.contains("rolled back")),
                             "{e:?}"
                         );
@@ -1072,8 +1294,9 @@ fn repave_rows() -> Vec<Row> {
             steps: vec![
                 feed(node_gone_goal(2), any()),
                 done(any()),
+                done(any()),
                 at(
-                    1801,
+                    2401,
                     Input::Tick,
                     Then {
                         check: Some(rolling_back),
@@ -1118,7 +1341,7 @@ fn the_runner_names_a_row_that_does_not_hold() {
         name: "NodeReboot publishes the wrong reason",
         from: From::Joined(InstallMode::Host),
         steps: vec![
-            feed(claim("r1", ClaimKind::NodeReboot), any()),
+            feed(claim("r1", ClaimKind::node_reboot()), any()),
             done(publishes(ResultReason::DaemonFailed, Message::Any)),
         ],
     }];

@@ -339,7 +339,7 @@ async fn node_reboot_restarts_the_active_machine() {
     let dir = tempfile::tempdir().expect("tmp");
     let mut node = joined(&dir, InstallMode::Host).await;
     let before = node.host.world().machines[&Side::Kube1].started_at;
-    node.claim("r1", ClaimKind::NodeReboot)
+    node.claim("r1", ClaimKind::node_reboot())
         .await
         .expect("claim");
     assert!(node.host.world().machines[&Side::Kube1].started_at > before);
@@ -353,7 +353,7 @@ async fn node_reboot_restarts_the_active_machine() {
 async fn agent_reset_publishes_before_uninstalling_and_rejoin_works() {
     let dir = tempfile::tempdir().expect("tmp");
     let mut node = joined(&dir, InstallMode::Host).await;
-    node.claim("x1", ClaimKind::AgentReset)
+    node.claim("x1", ClaimKind::agent_reset())
         .await
         .expect("claim");
     {
@@ -395,7 +395,7 @@ async fn reset_result_waits_in_the_store_when_the_api_is_down() {
     for _ in 0..8 {
         node.host.inject("publish_result", FaultKind::Fail, 0);
     }
-    node.claim("x1", ClaimKind::AgentReset)
+    node.claim("x1", ClaimKind::agent_reset())
         .await
         .expect("claim");
     // It keeps trying at each tick until its deadline, then uninstalls anyway.

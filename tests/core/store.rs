@@ -358,3 +358,32 @@ fn the_node_as_last_seen_is_one_row_and_optional_for_an_older_store() {
         Some((r#"{"ready":"True"}"#.to_string(), T.plus_secs(1)))
     );
 }
+
+/// The drain's record (intent before the cordon) survives a resumed drain; another holder's
+/// drain starts a record of its own.
+#[test]
+fn a_resumed_drain_keeps_its_record_and_a_new_one_replaces_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(&path(&dir)).expect("store");
+    assert_eq!(store.cordon().expect("read"), None);
+    let t = T;
+    store.begin_drain("operation/a", t).expect("begin");
+    store.mark_cordoned("operation/a").expect("mark");
+    store
+        .record_drain_progress("2 pods left")
+        .expect("progress");
+    let resumed = store
+        .begin_drain("operation/a", Timestamp::from_millis(9_000))
+        .expect("resume");
+    assert!(resumed.cordoned && resumed.since == t && resumed.progress == "2 pods left");
+    let other = store
+        .begin_drain("operation/b", Timestamp::from_millis(9_000))
+        .expect("another");
+    assert!(!other.cordoned && other.holder == "operation/b" && other.progress.is_empty());
+    store
+        .mark_cordoned("operation/a")
+        .expect("a stale holder marks nothing");
+    assert!(!store.cordon().expect("read").expect("kept").cordoned);
+    store.forget_cordon().expect("forget");
+    assert_eq!(store.cordon().expect("read"), None);
+}

@@ -76,6 +76,7 @@ async fn crash_scenario(explored: &Explored, k: usize, tally: &Mutex<Tally>) {
     let ends: Vec<&Outcome> = [
         Some(&clean.outcome),
         clean.restarted.as_ref(),
+        clean.redelivered.as_ref(),
         working.as_ref(),
     ]
     .into_iter()
@@ -274,6 +275,7 @@ async fn real_deaths(explored: &Explored) -> (usize, Vec<String>) {
         let ends: Vec<&Outcome> = [
             Some(&clean.outcome),
             clean.restarted.as_ref(),
+            clean.redelivered.as_ref(),
             working.as_ref(),
         ]
         .into_iter()

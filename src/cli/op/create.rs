@@ -47,6 +47,8 @@ pub struct CreateArgs {
     pub selector: Option<String>,
     #[command(flatten)]
     pub from: UpgradeFrom,
+    #[command(flatten)]
+    pub drain: DrainFlags,
     /// Delete the object this long after it finished (1h, 30m, 90s, 3600).
     #[arg(long, value_name = "DURATION")]
     pub ttl: Option<String>,
@@ -59,6 +61,46 @@ pub struct CreateArgs {
     /// Give up waiting after this long (exit 3) [default: 10m].
     #[arg(long, value_name = "DURATION")]
     pub timeout: Option<String>,
+}
+
+/// How a reboot's or reset's drain goes (`op create`, `rollout reboot`): the operation's
+/// parameters, over the agent's configuration (docs/drain.md).
+#[derive(Debug, Default, Args)]
+pub struct DrainFlags {
+    /// No drain: the pods are taken down with the machine (for a node drained already).
+    #[arg(long, conflicts_with_all = ["drain_timeout", "drain_on_timeout"])]
+    pub no_drain: bool,
+    /// How long the drain may take (90s, 10m, 1h30m) [default: the agent's, 10m].
+    #[arg(long, value_name = "DURATION")]
+    pub drain_timeout: Option<String>,
+    /// At the drain's timeout: Fail the operation, or Proceed with the pods left.
+    #[arg(long, value_name = "Fail|Proceed")]
+    pub drain_on_timeout: Option<String>,
+}
+
+impl DrainFlags {
+    pub(crate) fn is_set(&self) -> bool {
+        self.no_drain || self.drain_timeout.is_some() || self.drain_on_timeout.is_some()
+    }
+
+    /// The parameters, checked by the agent's own rules (their fixed messages).
+    pub(crate) fn parameters(&self) -> Result<Option<BTreeMap<String, String>>, Failure> {
+        use crate::lifecycle::drain::{PARAM_DRAIN, PARAM_ON_TIMEOUT, PARAM_TIMEOUT};
+        let mut params = BTreeMap::new();
+        if self.no_drain {
+            params.insert(PARAM_DRAIN.to_string(), "false".to_string());
+        }
+        if let Some(t) = &self.drain_timeout {
+            params.insert(PARAM_TIMEOUT.to_string(), t.trim().to_string());
+        }
+        if let Some(o) = &self.drain_on_timeout {
+            params.insert(PARAM_ON_TIMEOUT.to_string(), o.trim().to_string());
+        }
+        crate::lifecycle::drain::DrainPolicy::default()
+            .with_parameters(&params)
+            .map_err(|invalid| Failure::config(invalid.message()))?;
+        Ok((!params.is_empty()).then_some(params))
+    }
 }
 
 /// Where an upgrade goes to (`op create upgrade`, `rollout upgrade`).
@@ -114,6 +156,11 @@ pub(super) fn plan(a: &CreateArgs, now_secs: u64) -> Result<Plan, Failure> {
     let kind = a.kind.operation();
     let upgrade_flags = a.from.is_set();
     let (parameters, secret) = match a.kind {
+        CreateKind::Upgrade if a.drain.is_set() => {
+            return Err(Failure::config(
+                "--no-drain, --drain-timeout and --drain-on-timeout apply to reboot and reset only",
+            ));
+        }
         CreateKind::Upgrade => {
             let (params, secret) = upgrade_parameters(&a.from)?;
             (Some(params), secret)
@@ -123,7 +170,7 @@ pub(super) fn plan(a: &CreateArgs, now_secs: u64) -> Result<Plan, Failure> {
                 "--image, --digest, --url and --sha256 apply to upgrade only",
             ));
         }
-        CreateKind::Reboot | CreateKind::Reset => (None, None),
+        CreateKind::Reboot | CreateKind::Reset => (a.drain.parameters()?, None),
     };
     let ttl_seconds_after_finished = match a.ttl.as_deref() {
         None => None,
@@ -294,6 +341,7 @@ mod tests {
             node: Some("edge-07".into()),
             selector: None,
             from: UpgradeFrom::default(),
+            drain: DrainFlags::default(),
             ttl: None,
             name: None,
             wait: false,
@@ -303,6 +351,44 @@ mod tests {
 
     fn code(a: &CreateArgs) -> u8 {
         plan(a, 1).map_or_else(|f| f.code, |_| 0)
+    }
+
+    /// The drain's flags become its parameters, checked by the agent's rules; an upgrade
+    /// takes none.
+    #[test]
+    fn drain_flags() {
+        let mut a = args(CreateKind::Reboot);
+        a.drain.drain_timeout = Some("15m".into());
+        a.drain.drain_on_timeout = Some("Proceed".into());
+        let p = plan(&a, 1).expect("plan");
+        let params = p.spec.parameters.expect("params");
+        assert_eq!(params.get("drainTimeout").map(String::as_str), Some("15m"));
+        assert_eq!(
+            params.get("drainOnTimeout").map(String::as_str),
+            Some("Proceed")
+        );
+        let mut off = args(CreateKind::Reset);
+        off.drain.no_drain = true;
+        let params = plan(&off, 1)
+            .expect("plan")
+            .spec
+            .parameters
+            .expect("params");
+        assert_eq!(params.get("drain").map(String::as_str), Some("false"));
+        a.drain.drain_timeout = Some("forever".into());
+        assert_eq!(code(&a), EXIT_CONFIG);
+        let mut up = args(CreateKind::Upgrade);
+        up.from.url = Some("https://a.example/f.tgz".into());
+        up.from.sha256 = Some(HEX.into());
+        up.drain.no_drain = true;
+        assert_eq!(code(&up), EXIT_CONFIG);
+        assert_eq!(
+            plan(&args(CreateKind::Reboot), 1)
+                .expect("plan")
+                .spec
+                .parameters,
+            None
+        );
     }
 
     #[test]

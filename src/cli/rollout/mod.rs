@@ -8,7 +8,9 @@ pub mod plan;
 
 use crate::api::machine_operation::{MachineOperationSpec, OperationKind, OperationPhase};
 use crate::api::{Machine, MachineOperation};
-use crate::cli::op::create::{UpgradeFrom, parse_duration, parse_selector, upgrade_parameters};
+use crate::cli::op::create::{
+    DrainFlags, UpgradeFrom, parse_duration, parse_selector, upgrade_parameters,
+};
 use crate::cli::op::{api_message, client, follow::reason, unix_now};
 use crate::cli::{EXIT_TIMEOUT, Failure};
 use clap::{Args, ValueEnum};
@@ -44,6 +46,8 @@ pub struct RolloutArgs {
     pub selector: Option<String>,
     #[command(flatten)]
     pub from: UpgradeFrom,
+    #[command(flatten)]
+    pub drain: DrainFlags,
     /// How many nodes go at once: a count, or a percent of the nodes (rounded up).
     #[arg(long, value_name = "N|P%", default_value = "1")]
     pub max_unavailable: String,
@@ -52,7 +56,8 @@ pub struct RolloutArgs {
     pub name: Option<String>,
     /// Go on with the stopped (or abandoned) rollout NAME from where it stopped.
     #[arg(long, value_name = "NAME", conflicts_with_all = [
-        "kind", "selector", "image", "digest", "url", "sha256", "name"
+        "kind", "selector", "image", "digest", "url", "sha256", "name", "no_drain",
+        "drain_timeout", "drain_on_timeout"
     ])]
     pub resume: Option<String>,
     /// Print the waves and create nothing.
@@ -211,9 +216,12 @@ fn template(args: &RolloutArgs, kind: RolloutKind) -> Result<Template, Failure> 
         )),
         RolloutKind::Reboot => Ok(Template {
             kind: OperationKind::NodeReboot,
-            parameters: None,
+            parameters: args.drain.parameters()?,
             secret: None,
         }),
+        RolloutKind::Upgrade if args.drain.is_set() => Err(Failure::config(
+            "--no-drain, --drain-timeout and --drain-on-timeout apply to reboot only",
+        )),
         RolloutKind::Upgrade => {
             let (parameters, secret) = upgrade_parameters(&args.from)?;
             Ok(Template {

@@ -1,13 +1,13 @@
 //! A claimed operation on a resting node: what each kind starts.
 
-use super::{MSG_ALREADY_RUNNING, Step, finish, machine_report};
+use super::{MSG_ALREADY_RUNNING, Step, finish};
 use crate::lifecycle::agent::{AgentBuild, Slot, UpgradeTarget};
 use crate::lifecycle::effect::Effect;
 use crate::lifecycle::input::{Claim, ClaimKind};
 use crate::lifecycle::policy::Policy;
 use crate::lifecycle::refusal::Refusal;
-use crate::lifecycle::result::{MachinePhase, ResultReason};
-use crate::lifecycle::state::{NodeInfo, NodeState, OpRun, ResetCause, ResetPhase, UpgradePhase};
+use crate::lifecycle::result::ResultReason;
+use crate::lifecycle::state::{NodeInfo, NodeState, OpRun, ResetCause, UpgradePhase};
 use crate::lifecycle::time::Timestamp;
 use crate::lifecycle::validate::validate_upgrade;
 
@@ -36,41 +36,38 @@ pub(super) fn claim_operation(
         started_at: now,
     };
     Ok(match &claim.kind {
-        ClaimKind::NodeReboot => Step::to(
-            NodeState::Rebooting {
-                node: node.clone(),
-                run: run(policy.reboot_secs),
-            },
-            vec![
-                progress(format!(
-                    "restarting active nspawn machine {}",
-                    node.active.name()
-                )),
-                machine_report(
-                    MachinePhase::Rebooting,
-                    &format!("{} restarts its nspawn machine", claim.op.name),
-                    Some(node.applied.generation),
-                ),
-                Effect::RestartMachine {
-                    side: node.active,
-                    not_before: now,
-                },
-                Effect::AwaitNode { side: node.active },
-            ],
-        ),
-        ClaimKind::AgentReset => Step::to(
-            NodeState::Resetting {
-                node: node.clone(),
-                run: Some(run(policy.reset_secs)),
-                cause: ResetCause::Operation,
-                phase: ResetPhase::Wiping,
-                deadline: now.plus_secs(policy.reset_secs),
-            },
-            vec![
-                progress("resetting local nspawn node runtime".into()),
-                Effect::WipeNode,
-            ],
-        ),
+        ClaimKind::NodeReboot { parameters } => match policy.drain.with_parameters(parameters) {
+            Err(invalid) => finish(
+                node,
+                &run(0),
+                ResultReason::InvalidParameters,
+                invalid.message(),
+            ),
+            Ok(drain) => super::reboot::start(node, run(policy.reboot_secs), drain, now),
+        },
+        ClaimKind::AgentReset { parameters } => match policy.drain.with_parameters(parameters) {
+            Err(invalid) => finish(
+                node,
+                &run(0),
+                ResultReason::InvalidParameters,
+                invalid.message(),
+            ),
+            Ok(drain) => {
+                let started = run(policy.reset_secs);
+                let mut step = super::reset::reset(
+                    node,
+                    Some(&started),
+                    ResetCause::Operation,
+                    None,
+                    policy,
+                    &drain,
+                    now,
+                );
+                step.effects
+                    .insert(0, progress("resetting local nspawn node runtime".into()));
+                step
+            }
+        },
         ClaimKind::AgentUpgrade { parameters } => {
             match validate_upgrade(node.mode, node.arch, parameters) {
                 Err(invalid) => finish(

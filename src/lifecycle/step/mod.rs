@@ -3,12 +3,14 @@
 
 mod claim;
 mod join;
+mod reboot;
 mod repave;
 mod reset;
 mod upgrade;
 
 use super::agent::AgentBuild;
 use super::decide::{GoalDecision, decide};
+use super::drain::{DrainPolicy, OnTimeout};
 use super::effect::Effect;
 use super::input::{Claim, Input};
 use super::policy::Policy;
@@ -71,7 +73,7 @@ pub fn step(
             deadline,
         } => joining(&at, node, *phase, *deadline, input),
         S::Ready { node } => ready(&at, node, input),
-        S::Rebooting { node, run } => rebooting(&at, node, run, input),
+        S::Rebooting { node, run, phase } => reboot::rebooting(&at, node, run, *phase, input),
         S::Upgrading {
             node,
             run,
@@ -129,7 +131,15 @@ impl At<'_> {
 
     /// The operator's `flexnode reset`, ending `run` if one is under way.
     fn reset(&self, node: &NodeInfo, run: Option<&OpRun>) -> Step {
-        reset(node, None, ResetCause::Cli, run, self.policy, self.now)
+        reset(
+            node,
+            None,
+            ResetCause::Cli,
+            run,
+            self.policy,
+            &DrainPolicy::off(),
+            self.now,
+        )
     }
 }
 
@@ -173,12 +183,18 @@ fn ready(at: &At, node: &NodeInfo, input: &Input) -> Result<Step, Refusal> {
     match input {
         I::OperationClaimed(claim) => claim_operation(node, claim, at.policy, at.now),
         I::GoalObserved(obs) => Ok(match decide(obs, &node.applied) {
+            // The Node's owner is deleting it (and the pod GC will remove what runs there):
+            // the drain does what budgets allow in its time, then the wipe goes ahead.
             GoalDecision::ResetDelete => reset(
                 node,
                 None,
                 ResetCause::DeletionSignal,
                 None,
                 at.policy,
+                &DrainPolicy {
+                    on_timeout: OnTimeout::Proceed,
+                    ..at.policy.drain.clone()
+                },
                 at.now,
             ),
             GoalDecision::ApplyGoal(goal) => repave::start(node, goal, at.policy, at.now),
@@ -223,27 +239,6 @@ fn daemon_started(
     }
 }
 
-fn rebooting(at: &At, node: &NodeInfo, run: &OpRun, input: &Input) -> Result<Step, Refusal> {
-    use Input as I;
-    use ResultReason as R;
-    match input {
-        I::EffectsDone => Ok(finish_reboot(node, run, R::Succeeded, MSG_REBOOT_DONE)),
-        I::EffectsFailed { message } => Ok(finish_reboot(node, run, R::ExecutionFailed, message)),
-        I::Tick if at.now >= run.deadline => Ok(finish_reboot(
-            node,
-            run,
-            R::ExecutionFailed,
-            "NodeReboot timed out",
-        )),
-        I::Tick | I::DaemonStarted { .. } => Ok(at.stay()),
-        I::ResetRequested => Ok(at.reset(node, Some(run))),
-        I::Join(_) => Err(Refusal::AlreadyJoined),
-        I::OperationClaimed(claim) => Err(refuse_claim(at.state, Some(run), claim)),
-        I::GoalObserved(_) => Err(busy(at.state)),
-        I::RecoveryRequested { .. } => Err(Refusal::NoUpgradePending),
-    }
-}
-
 fn upgrading(at: &At, u: UpgradeCtx, input: &Input) -> Result<Step, Refusal> {
     use Input as I;
     match input {
@@ -267,15 +262,20 @@ fn repaving(
 ) -> Result<Step, Refusal> {
     use Input as I;
     match input {
-        I::EffectsDone => Ok(repave::effects_done(node, goal, phase, deadline)),
+        I::EffectsDone => Ok(repave::effects_done(
+            node, goal, phase, deadline, at.policy, at.now,
+        )),
         I::EffectsFailed { message } => Ok(repave_failure(node, goal, phase, deadline, message)),
         I::Tick => Ok(match phase {
-            RepavePhase::Provisioning | RepavePhase::SwitchingOver if at.now >= deadline => {
+            RepavePhase::Provisioning | RepavePhase::Draining | RepavePhase::SwitchingOver
+                if at.now >= deadline =>
+            {
                 repave_failure(node, goal, phase, deadline, "repave timed out")
             }
             // Bringing the old side back and removing the retired one are never given up
             // at the deadline: a process that finds them interrupted finishes them.
             RepavePhase::Provisioning
+            | RepavePhase::Draining
             | RepavePhase::SwitchingOver
             | RepavePhase::RollingBack { .. }
             | RepavePhase::Retiring => at.stay(),
@@ -340,18 +340,6 @@ fn finish(node: &NodeInfo, run: &OpRun, reason: ResultReason, message: &str) -> 
             result: op_result(run, reason, message),
         }],
     )
-}
-
-/// A reboot's end also ends the Machine's `Rebooting`: its phase is `Ready` again, and its
-/// applied settings version unchanged.
-fn finish_reboot(node: &NodeInfo, run: &OpRun, reason: ResultReason, message: &str) -> Step {
-    let mut step = finish(node, run, reason, message);
-    step.effects.push(machine_report(
-        MachinePhase::Ready,
-        &format!("{} is over: {message}", run.op.name),
-        Some(node.applied.generation),
-    ));
-    step
 }
 
 fn op_result(run: &OpRun, reason: ResultReason, message: &str) -> OpResult {

@@ -2,6 +2,7 @@
 //! over, retire the old one; a failure after the old side stopped brings it back.
 
 use super::{Step, machine_report};
+use crate::lifecycle::drain::{DrainPolicy, OnTimeout, holder_for_repave};
 use crate::lifecycle::effect::Effect;
 use crate::lifecycle::policy::Policy;
 use crate::lifecycle::result::MachinePhase;
@@ -10,12 +11,17 @@ use crate::lifecycle::time::Timestamp;
 
 /// Provision the other side while the active one keeps running.
 pub(super) fn start(node: &NodeInfo, goal: Goal, policy: &Policy, now: Timestamp) -> Step {
+    let drain = if policy.drain.enabled {
+        policy.drain.timeout_secs
+    } else {
+        0
+    };
     Step::to(
         NodeState::Repaving {
             node: node.clone(),
             goal: goal.clone(),
             phase: RepavePhase::Provisioning,
-            deadline: now.plus_secs(policy.repave_secs),
+            deadline: now.plus_secs(policy.repave_secs + drain),
         },
         vec![
             machine_report(
@@ -31,16 +37,44 @@ pub(super) fn start(node: &NodeInfo, goal: Goal, policy: &Policy, now: Timestamp
     )
 }
 
+/// The repave's state in `phase`.
+fn repaving(node: &NodeInfo, goal: &Goal, phase: RepavePhase, deadline: Timestamp) -> NodeState {
+    NodeState::Repaving {
+        node: node.clone(),
+        goal: goal.clone(),
+        phase,
+        deadline,
+    }
+}
+
 pub(super) fn effects_done(
     node: &NodeInfo,
     goal: &Goal,
     phase: &RepavePhase,
     deadline: Timestamp,
+    policy: &Policy,
+    now: Timestamp,
 ) -> Step {
     let from = node.active;
     let to = from.other();
     match phase {
-        RepavePhase::Provisioning => Step::to(
+        // The old side's pods evicted before it stops. With the anchor's contract the Node is
+        // gone already (its owner drained it, as the anchor's RP does): nothing to cordon,
+        // and the pods still bound to it are the pod GC's within a minute whatever their
+        // budgets say, so the drain evicts what budgets allow and then goes on.
+        RepavePhase::Provisioning if policy.drain.enabled => Step::to(
+            repaving(node, goal, RepavePhase::Draining, deadline),
+            vec![Effect::Drain {
+                run: None,
+                holder: holder_for_repave(goal.generation),
+                policy: DrainPolicy {
+                    on_timeout: OnTimeout::Proceed,
+                    ..policy.drain.clone()
+                },
+                until: now.plus_secs(policy.drain.timeout_secs),
+            }],
+        ),
+        RepavePhase::Provisioning | RepavePhase::Draining => Step::to(
             NodeState::Repaving {
                 node: node.clone(),
                 goal: goal.clone(),
@@ -89,7 +123,7 @@ pub(super) fn repave_failure(
     let to = from.other();
     match phase {
         // The old side never stopped: drop the half-built new side.
-        RepavePhase::Provisioning => {
+        RepavePhase::Provisioning | RepavePhase::Draining => {
             let mut step =
                 repave_failed(node, &format!("repave to {} failed: {message}", to.name()));
             step.effects.insert(0, Effect::RemoveMachine { side: to });
@@ -123,20 +157,27 @@ pub(super) fn repave_failure(
     }
 }
 
+/// Every end of a repave lifts its drain's cordon.
 fn repave_failed(node: &NodeInfo, message: &str) -> Step {
     Step::to(
         NodeState::Ready { node: node.clone() },
-        vec![machine_report(MachinePhase::Failed, message, None)],
+        vec![
+            Effect::Uncordon,
+            machine_report(MachinePhase::Failed, message, None),
+        ],
     )
 }
 
 fn repave_done(node: &NodeInfo) -> Step {
     Step::to(
         NodeState::Ready { node: node.clone() },
-        vec![machine_report(
-            MachinePhase::Ready,
-            "machine goal state applied",
-            Some(node.applied.generation),
-        )],
+        vec![
+            Effect::Uncordon,
+            machine_report(
+                MachinePhase::Ready,
+                "machine goal state applied",
+                Some(node.applied.generation),
+            ),
+        ],
     )
 }

@@ -2,6 +2,7 @@
 //! operation's result before the daemon goes, uninstall the agent.
 
 use super::{MSG_INTERRUPTED_BY_RESET, MSG_RESET_DONE, Step, finish, machine_report, op_result};
+use crate::lifecycle::drain::{DrainPolicy, HOLDER_DELETION, holder_for_operation};
 use crate::lifecycle::effect::Effect;
 use crate::lifecycle::input::Input;
 use crate::lifecycle::policy::Policy;
@@ -18,13 +19,15 @@ pub(super) struct Resetting<'a> {
     pub deadline: Timestamp,
 }
 
-/// Starts a reset. An operation interrupted by it gets a published result first.
+/// Starts a reset: the drain first when `drain` is on, else the wipe. An operation
+/// interrupted by it gets a published result first.
 pub(super) fn reset(
     node: &NodeInfo,
     run: Option<&OpRun>,
     cause: ResetCause,
     abandoned: Option<&OpRun>,
     policy: &Policy,
+    drain: &DrainPolicy,
     now: Timestamp,
 ) -> Step {
     let mut effects = Vec::new();
@@ -36,17 +39,45 @@ pub(super) fn reset(
         });
         node = node.finishing(&old.op.uid);
     }
-    effects.push(Effect::WipeNode);
+    let mut deadline = now.plus_secs(policy.reset_secs);
+    let phase = if drain.enabled {
+        deadline = deadline.plus_secs(drain.timeout_secs);
+        effects.push(Effect::Drain {
+            run: run.map(|r| OpRun {
+                deadline,
+                ..r.clone()
+            }),
+            holder: match run {
+                Some(run) => holder_for_operation(&run.op.uid),
+                None => HOLDER_DELETION.to_string(),
+            },
+            policy: drain.clone(),
+            until: now.plus_secs(drain.timeout_secs),
+        });
+        ResetPhase::Draining
+    } else {
+        effects.extend(wipe());
+        ResetPhase::Wiping
+    };
     Step::to(
         NodeState::Resetting {
             node,
-            run: run.cloned(),
+            run: run.map(|r| OpRun {
+                deadline,
+                ..r.clone()
+            }),
             cause,
-            phase: ResetPhase::Wiping,
-            deadline: now.plus_secs(policy.reset_secs),
+            phase,
+            deadline,
         },
         effects,
     )
+}
+
+/// The wipe, and then the drain's cordon lifted: the Node has no kubelet any more (its
+/// not-ready taint keeps pods away), and a node joined again must not start cordoned.
+fn wipe() -> [Effect; 2] {
+    [Effect::WipeNode, Effect::Uncordon]
 }
 
 fn uninstall(node: &NodeInfo, cause: ResetCause, policy: &Policy, now: Timestamp) -> Step {
@@ -72,6 +103,16 @@ pub(super) fn effects_done(
     now: Timestamp,
 ) -> Step {
     match (phase, run) {
+        (ResetPhase::Draining, _) => Step::to(
+            NodeState::Resetting {
+                node: node.clone(),
+                run: run.cloned(),
+                cause,
+                phase: ResetPhase::Wiping,
+                deadline: now.plus_secs(policy.reset_secs),
+            },
+            wipe().to_vec(),
+        ),
         (ResetPhase::Wiping, Some(run)) => {
             let result = op_result(run, ResultReason::Succeeded, MSG_RESET_DONE);
             Step::to(
@@ -152,16 +193,21 @@ pub(super) fn failed_or_due(
     };
     let node = r.node;
     match (r.phase, r.run) {
-        (ResetPhase::Wiping, Some(run)) => {
-            finish(node, run, ResultReason::ExecutionFailed, message)
+        (ResetPhase::Draining | ResetPhase::Wiping, Some(run)) => {
+            let mut step = finish(node, run, ResultReason::ExecutionFailed, message);
+            step.effects.insert(0, Effect::Uncordon);
+            step
         }
-        (ResetPhase::Wiping, None) => Step::to(
+        (ResetPhase::Draining | ResetPhase::Wiping, None) => Step::to(
             NodeState::Ready { node: node.clone() },
-            vec![machine_report(
-                MachinePhase::Failed,
-                &format!("{} failed: {message}", r.cause),
-                None,
-            )],
+            vec![
+                Effect::Uncordon,
+                machine_report(
+                    MachinePhase::Failed,
+                    &format!("{} failed: {message}", r.cause),
+                    None,
+                ),
+            ],
         ),
         (ResetPhase::Publishing, _) => uninstall(node, r.cause, policy, now),
         (ResetPhase::Uninstalling, _) => Step::to(

@@ -40,8 +40,12 @@ const LATE_SECS: i64 = 2 * 3600;
 /// An operation kind with its parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Claimed {
+    /// Drained first (the default).
     Reboot,
     Reset,
+    /// With the parameter `drain: "false"` (an operator who drained already).
+    RebootUndrained,
+    ResetUndrained,
     /// An upgrade by archive (valid for the host install; the container install refuses it).
     Archive,
     /// An archive whose daemon crashes at start.
@@ -53,9 +57,11 @@ pub enum Claimed {
 }
 
 impl Claimed {
-    pub const ALL: [Claimed; 7] = [
+    pub const ALL: [Claimed; 9] = [
         Self::Reboot,
         Self::Reset,
+        Self::RebootUndrained,
+        Self::ResetUndrained,
         Self::Archive,
         Self::BrokenArchive,
         Self::Image,
@@ -65,8 +71,14 @@ impl Claimed {
 
     fn kind(self) -> ClaimKind {
         match self {
-            Self::Reboot => ClaimKind::NodeReboot,
-            Self::Reset => ClaimKind::AgentReset,
+            Self::Reboot => ClaimKind::node_reboot(),
+            Self::Reset => ClaimKind::agent_reset(),
+            Self::RebootUndrained => ClaimKind::NodeReboot {
+                parameters: undrained(),
+            },
+            Self::ResetUndrained => ClaimKind::AgentReset {
+                parameters: undrained(),
+            },
             Self::Archive => upgrade(URL, SHA),
             Self::BrokenArchive => upgrade(BROKEN_URL, BROKEN_SHA),
             Self::Image => upgrade("oci://registry.example/flexnode:v2", IMAGE),
@@ -74,6 +86,10 @@ impl Claimed {
             Self::Invalid => upgrade("ftp://artifacts.example/flexnode.tar.gz", SHA),
         }
     }
+}
+
+fn undrained() -> std::collections::BTreeMap<String, String> {
+    [("drain".to_string(), "false".to_string())].into()
 }
 
 /// The Node and the Machine as a watch sees them: the Node absent, present or tainted for
@@ -149,9 +165,11 @@ pub enum Modifier {
     Kill(usize),
 }
 
-/// A fresh node: nothing joined, the artifacts, images and node images served.
+/// A fresh node: nothing joined, the artifacts, images and node images served, pods bound
+/// to its Node for the first drain to evict.
 pub fn fresh(path: &std::path::Path) -> SimNode {
     let mut node = SimNode::new(path, T0);
+    node.host.world().pods = vec!["default/web-0".into(), "default/web-1".into()];
     node.node_images = node_images();
     for (url, sha, crashes) in [(URL, SHA, false), (BROKEN_URL, BROKEN_SHA, true)] {
         node.host.serve_artifact(url, sha, build(crashes));
@@ -336,7 +354,7 @@ pub async fn after_death(node: &mut SimNode, action: Action, depth: usize) -> Re
 fn claim(action: Action, depth: usize) -> Input {
     let kind = match action {
         Action::Claim(claimed) => claimed.kind(),
-        _ => ClaimKind::NodeReboot,
+        _ => ClaimKind::node_reboot(),
     };
     Input::OperationClaimed(Claim {
         op: OpRef {

@@ -110,6 +110,10 @@ pub struct Clean {
     /// The same end, then the daemon started again at rest: a death is a restart, and a start
     /// at rest does work of its own (it removes the agent images nothing will run again).
     pub restarted: Option<Outcome>,
+    /// An observation delivered again after the step it started ended: a restarted daemon's
+    /// watch delivers it again, and a goal whose repave just failed is tried once more at
+    /// once (src/reconcile/repave_pause.rs).
+    pub redelivered: Option<Outcome>,
     pub events: Vec<(Event, Option<Transition>)>,
 }
 
@@ -156,11 +160,37 @@ pub async fn clean(snapshot: &Snapshot, scenario: &Scenario) -> Clean {
             .unwrap_or_else(|e| panic!("quiescing {}: {e}", describe(snapshot, scenario)));
         restarted = Some(Outcome::of(&node, calls));
     }
+    let redelivered = if matches!(scenario.action, Action::Observe(_)) {
+        Some(redelivered(snapshot, scenario).await)
+    } else {
+        None
+    };
     Clean {
         outcome,
         restarted,
+        redelivered,
         events,
     }
+}
+
+async fn redelivered(snapshot: &Snapshot, scenario: &Scenario) -> Outcome {
+    let dir = scratch();
+    let mut node = fork(snapshot, &dir);
+    let (_, calls, _) = marks(&node);
+    for _ in 0..2 {
+        run(
+            &mut node,
+            scenario.action,
+            &scenario.modifier,
+            snapshot.depth,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("redelivery of {}: {e}", describe(snapshot, scenario)));
+    }
+    quiesce(&mut node)
+        .await
+        .unwrap_or_else(|e| panic!("quiescing {}: {e}", describe(snapshot, scenario)));
+    Outcome::of(&node, calls)
 }
 
 fn fork(snapshot: &Snapshot, dir: &tempfile::TempDir) -> SimNode {
@@ -243,6 +273,10 @@ pub async fn crashed(
 /// made exactly as often, and agent restarts as often but for one per death.
 /// The first difference, if any.
 pub fn judge(clean: &Outcome, got: &Outcome, deaths: usize) -> Result<(), String> {
+    // A drain's cordon outlives no step: a node at rest is never left cordoned.
+    if matches!(got.state.as_str(), "Ready" | "Unjoined") && got.host.cordon.is_some() {
+        return Err(format!("the Node is left cordoned: {:?}", got.host.cordon));
+    }
     for (uid, results) in &got.results {
         if results.len() > 1 {
             return Err(format!("{uid} has {} results: {results:?}", results.len()));
