@@ -352,8 +352,9 @@ pub trait Publisher: Send + Sync {
     ) -> impl Future<Output = EffectResult> + Send;
     /// The node's cordon; `None` when there is no Node.
     fn cordon_seen(&self) -> impl Future<Output = EffectResult<Option<CordonSeen>>> + Send;
-    /// Cordons the Node with `holder`'s mark, unless it is cordoned already (checked and
-    /// written as one, by resourceVersion); whether the Node carries `holder`'s mark now.
+    /// Cordons the Node with `holder`'s mark (checked and written as one, by resourceVersion),
+    /// taking over a cordon an earlier drain marked; whether the Node carries `holder`'s mark
+    /// now (not when someone else cordoned it without a mark).
     fn cordon(&self, holder: &str) -> impl Future<Output = EffectResult<bool>> + Send;
     /// Lifts the cordon if the Node carries `holder`'s mark (and removes the mark); whether it
     /// did. Any other cordon stays.

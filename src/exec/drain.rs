@@ -84,10 +84,12 @@ where
         policy: &DrainPolicy,
         until: Timestamp,
     ) -> EffectResult {
-        let began = self.clock.now();
-        self.store
-            .begin_drain(holder, began)
-            .map_err(store_failed)?;
+        // A drain resumed after a crash keeps its record, and counts from its first start.
+        let began = self
+            .store
+            .begin_drain(holder, self.clock.now())
+            .map_err(store_failed)?
+            .since;
         let mut delays = backon::BackoffBuilder::build(
             backon::ExponentialBuilder::default()
                 .with_min_delay(Duration::from_secs(1))
@@ -101,16 +103,15 @@ where
             // A request lost on its way is sent again by the publisher, a 503 by kube's
             // client: what reaches here (a refusal, an outage) fails the drain at once, with
             // nothing disrupted, rather than at its timeout.
-            let pass = match self
+            let pass = self
                 .drain_pass(holder, policy, &mut cordoned, &mut evicted)
                 .await
-            {
-                Ok(pass) => pass,
-                Err(EffectError::Crashed) => return Err(EffectError::Crashed),
-                Err(EffectError::Failed(message)) => {
-                    return Err(EffectError::Failed(format!("drain failed: {message}")));
-                }
-            };
+                .map_err(|e| match e {
+                    EffectError::Failed(message) => {
+                        EffectError::Failed(format!("drain failed: {message}"))
+                    }
+                    crashed @ EffectError::Crashed => crashed,
+                })?;
             let summary = pass.summary();
             if pass.done(policy) {
                 let secs = (self.clock.now().millis() - began.millis()) / 1000;
@@ -165,10 +166,12 @@ where
                 // No Node (a repave after its deletion): nothing can be scheduled here.
                 None => false,
                 Some(seen) if seen.holder.as_deref() == Some(holder) => true,
-                Some(seen) if seen.unschedulable => {
+                Some(seen) if seen.unschedulable && seen.holder.is_none() => {
                     tracing::info!("the Node is cordoned by someone else; that cordon stays");
                     false
                 }
+                // Schedulable, or cordoned by an earlier drain of this agent whose cordon was
+                // not lifted yet (its mark): the cordon is this drain's now.
                 Some(_) => fx.publisher.cordon(holder).await?,
             };
             if ours {

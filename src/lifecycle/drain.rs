@@ -67,6 +67,15 @@ impl DrainPolicy {
         }
     }
 
+    /// The same drain, going on at its timeout: for pods whose fate a Node's deletion has
+    /// settled already (the deletion signal, a repave after the Node's deletion).
+    pub fn going_on(&self) -> Self {
+        Self {
+            on_timeout: OnTimeout::Proceed,
+            ..self.clone()
+        }
+    }
+
     /// This policy with an operation's overrides (`spec.parameters`); a value it cannot read
     /// is refused with a fixed message (it never echoes the value).
     pub fn with_parameters(

@@ -96,9 +96,9 @@ impl Publisher for SimHost {
     async fn cordon(&self, holder: &str) -> EffectResult<bool> {
         self.run("cordon", holder, |w| {
             w.api()?;
-            match &w.cordon {
-                Some(h) => Ok(h == holder),
-                None => {
+            match w.cordon.as_deref() {
+                Some("") => Ok(false),
+                Some(_) | None => {
                     w.cordon = Some(holder.to_string());
                     Ok(true)
                 }

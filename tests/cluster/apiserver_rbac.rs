@@ -170,7 +170,17 @@ fn agents_write_only_their_own_node_s_operations_and_machine() {
         node_a.patch_status("mach", "probe-node-b", r#"{"status":{"phase":"Ready"}}"#)
     });
     assert!(out.contains(MACHINE_MESSAGE), "{out}");
-    let out = until_refused_by(NODE_POLICY, || node_a.kubectl(&["cordon", "node-b"]));
+    // (`kubectl cordon` exits 0 on a refusal: a patch does not.)
+    let out = until_refused_by(NODE_POLICY, || {
+        node_a.kubectl(&[
+            "patch",
+            "node",
+            "node-b",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"unschedulable":true}}"#,
+        ])
+    });
     assert!(out.contains("may only write their own Node"), "{out}");
     let settle = started.elapsed();
 
@@ -189,13 +199,13 @@ fn agents_write_only_their_own_node_s_operations_and_machine() {
     let (ok, out) = node_a.kubectl(&["label", "node", "node-a", "site=elsewhere", "--overwrite"]);
     assert!(!ok && out.contains(NODE_POLICY), "{out}");
     // What a drain reads and asks: the pods on its Node, budgets, evictions.
-    for (verb, resource) in [
-        ("list", "pods"),
-        ("create", "pods/eviction"),
-        ("list", "poddisruptionbudgets.policy"),
+    for args in [
+        &["list", "pods"][..],
+        &["create", "pods", "--subresource=eviction"][..],
+        &["list", "poddisruptionbudgets.policy"][..],
     ] {
-        let (_, out) = node_a.kubectl(&["auth", "can-i", verb, resource, "-A"]);
-        assert_eq!(out.trim(), "yes", "node-a cannot {verb} {resource}");
+        let (_, out) = node_a.kubectl(&[&["auth", "can-i"][..], args, &["-A"][..]].concat());
+        assert_eq!(out.trim(), "yes", "node-a cannot {args:?}");
     }
 
     // Reads: its own operations by field selector, Nodes.

@@ -176,13 +176,19 @@ async fn one_operation_shows_in_every_rendering() {
         .as_ref()
         .and_then(|op| op.metadata.uid.clone())
         .expect("uid");
-    for transition in [
-        "Ready --OperationClaimed--> Rebooting",
-        "Rebooting --EffectsDone--> Ready",
+    for (transition, phase) in [
+        (
+            "Ready --OperationClaimed--> Rebooting_Draining",
+            "Rebooting",
+        ),
+        (
+            "Rebooting_Draining --EffectsDone--> Rebooting_Restarting",
+            "Rebooting",
+        ),
+        ("Rebooting_Restarting --EffectsDone--> Ready", "Ready"),
     ] {
         let fields = format!(
-            "operation=reboot-m operation_uid={uid} kind=NodeReboot phase={} transition={transition}",
-            transition.rsplit(' ').next().unwrap_or_default()
+            "operation=reboot-m operation_uid={uid} kind=NodeReboot phase={phase} transition={transition}"
         );
         let lines = support::logs::lines(since, |l| l.contains(" transition from="));
         assert!(
@@ -210,8 +216,8 @@ async fn one_operation_shows_in_every_rendering() {
     .unwrap_or_else(|| panic!("no NodeReboot result in the scrape"));
     // The claim and the reboot's end, as the transition table names them.
     for series in [
-        "flexnode_transition_duration_seconds_count{from=\"Ready\",input=\"OperationClaimed\",to=\"Rebooting\"}",
-        "flexnode_transition_duration_seconds_count{from=\"Rebooting\",input=\"EffectsDone\",to=\"Ready\"}",
+        "flexnode_transition_duration_seconds_count{from=\"Ready\",input=\"OperationClaimed\",to=\"Rebooting_Draining\"}",
+        "flexnode_transition_duration_seconds_count{from=\"Rebooting_Restarting\",input=\"EffectsDone\",to=\"Ready\"}",
     ] {
         assert!(
             sample(&text, series).is_some_and(|n| n >= 1.0),

@@ -957,7 +957,7 @@ fn reset_rows() -> Vec<Row> {
             ),
             done(Then {
                 state: Some("Resetting/Wiping"),
-                effects: Some(&["WipeNode", "Uncordon"]),
+                effects: Some(&["ReportProgress", "WipeNode", "Uncordon"]),
                 ..any()
             }),
             done(Then {

@@ -349,6 +349,75 @@ async fn node_reboot_restarts_the_active_machine() {
     );
 }
 
+/// A NodeReboot drains first: the Node cordoned with the operation's mark, its pods evicted
+/// before the machine restarts. An `Uncordon` that meets the API server away keeps the
+/// drain's record and does not hold up the result; the node at rest lifts the cordon when the
+/// outbox is next flushed (the daemon's tick).
+#[tokio::test]
+async fn node_reboot_drains_first_and_its_cordon_outlives_no_outage() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut node = joined(&dir, InstallMode::Host).await;
+    node.host.world().pods = vec!["default/web-0".into(), "default/web-1".into()];
+    node.host.inject("uncordon", FaultKind::Fail, 0);
+    node.claim("r1", ClaimKind::node_reboot())
+        .await
+        .expect("claim");
+    assert_eq!(
+        results_for(&node, "r1"),
+        [(ResultReason::Succeeded, "NodeReboot completed".to_string())]
+    );
+    {
+        let w = node.host.world();
+        assert_eq!(w.evictions, ["default/web-0", "default/web-1"]);
+        let at = |prefix: &str| w.calls.iter().position(|c| c.starts_with(prefix));
+        let (cordon, evicted, restarted) =
+            (at("cordon("), at("evict("), at("restart(systemd-nspawn"));
+        assert!(cordon < evicted && evicted < restarted, "{:?}", w.calls);
+        assert_eq!(
+            w.cordon.as_deref(),
+            Some("operation/r1"),
+            "the outage kept the cordon"
+        );
+    }
+    let record = node.runner().expect("open").store().cordon().expect("read");
+    assert!(record.is_some_and(|r| r.holder == "operation/r1" && r.cordoned));
+    node.runner()
+        .expect("open")
+        .flush_outbox()
+        .await
+        .expect("flush");
+    assert_eq!(node.host.world().cordon, None, "lifted at rest");
+    assert_eq!(
+        node.runner().expect("open").store().cordon().expect("read"),
+        None
+    );
+}
+
+/// An operator's cordon (no mark) is theirs: the drain evicts under it and never lifts it;
+/// `drain: "false"` evicts nothing.
+#[tokio::test]
+async fn an_operators_cordon_stays_and_drain_false_evicts_nothing() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut node = joined(&dir, InstallMode::Host).await;
+    node.host.world().pods = vec!["default/web-0".into()];
+    node.host.world().cordon = Some(String::new());
+    let undrained = ClaimKind::NodeReboot {
+        parameters: [("drain".to_string(), "false".to_string())].into(),
+    };
+    node.claim("r1", undrained).await.expect("claim");
+    assert!(node.host.world().evictions.is_empty());
+    node.claim("r2", ClaimKind::node_reboot())
+        .await
+        .expect("claim");
+    let w = node.host.world();
+    assert_eq!(w.evictions, ["default/web-0"]);
+    assert_eq!(
+        w.cordon.as_deref(),
+        Some(""),
+        "the operator's cordon was touched"
+    );
+}
+
 #[tokio::test]
 async fn agent_reset_publishes_before_uninstalling_and_rejoin_works() {
     let dir = tempfile::tempdir().expect("tmp");

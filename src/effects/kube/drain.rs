@@ -53,7 +53,12 @@ impl KubePublisher {
             };
             let ours = seen.holder.as_deref() == Some(holder);
             let patch = match (cordon, seen.unschedulable, ours) {
-                (true, true, _) => return Ok(ours),
+                (true, true, true) => return Ok(true),
+                // An earlier drain's cordon (its mark) is taken over; anyone else's is theirs.
+                (true, true, false) if seen.holder.is_some() => json!({
+                    "metadata": {"resourceVersion": version, "annotations": {CORDON_MARK: holder}},
+                }),
+                (true, true, false) => return Ok(false),
                 (true, false, _) => json!({
                     "metadata": {"resourceVersion": version, "annotations": {CORDON_MARK: holder}},
                     "spec": {"unschedulable": true},

@@ -63,8 +63,12 @@ pub(super) fn claim_operation(
                     &drain,
                     now,
                 );
-                step.effects
-                    .insert(0, progress("resetting local nspawn node runtime".into()));
+                let message = if drain.enabled {
+                    "draining the node before resetting its nspawn node runtime"
+                } else {
+                    "resetting local nspawn node runtime"
+                };
+                step.effects.insert(0, progress(message.into()));
                 step
             }
         },

@@ -10,7 +10,7 @@ mod upgrade;
 
 use super::agent::AgentBuild;
 use super::decide::{GoalDecision, decide};
-use super::drain::{DrainPolicy, OnTimeout};
+use super::drain::DrainPolicy;
 use super::effect::Effect;
 use super::input::{Claim, Input};
 use super::policy::Policy;
@@ -191,10 +191,7 @@ fn ready(at: &At, node: &NodeInfo, input: &Input) -> Result<Step, Refusal> {
                 ResetCause::DeletionSignal,
                 None,
                 at.policy,
-                &DrainPolicy {
-                    on_timeout: OnTimeout::Proceed,
-                    ..at.policy.drain.clone()
-                },
+                &at.policy.drain.going_on(),
                 at.now,
             ),
             GoalDecision::ApplyGoal(goal) => repave::start(node, goal, at.policy, at.now),

@@ -2,7 +2,7 @@
 //! over, retire the old one; a failure after the old side stopped brings it back.
 
 use super::{Step, machine_report};
-use crate::lifecycle::drain::{DrainPolicy, OnTimeout, holder_for_repave};
+use crate::lifecycle::drain::holder_for_repave;
 use crate::lifecycle::effect::Effect;
 use crate::lifecycle::policy::Policy;
 use crate::lifecycle::result::MachinePhase;
@@ -67,10 +67,7 @@ pub(super) fn effects_done(
             vec![Effect::Drain {
                 run: None,
                 holder: holder_for_repave(goal.generation),
-                policy: DrainPolicy {
-                    on_timeout: OnTimeout::Proceed,
-                    ..policy.drain.clone()
-                },
+                policy: policy.drain.going_on(),
                 until: now.plus_secs(policy.drain.timeout_secs),
             }],
         ),

@@ -103,16 +103,24 @@ pub(super) fn effects_done(
     now: Timestamp,
 ) -> Step {
     match (phase, run) {
-        (ResetPhase::Draining, _) => Step::to(
-            NodeState::Resetting {
-                node: node.clone(),
-                run: run.cloned(),
-                cause,
-                phase: ResetPhase::Wiping,
-                deadline: now.plus_secs(policy.reset_secs),
-            },
-            wipe().to_vec(),
-        ),
+        (ResetPhase::Draining, _) => {
+            let progress = run.map(|run| Effect::ReportProgress {
+                op: run.op.clone(),
+                message: "resetting local nspawn node runtime".into(),
+                machine_generation: run.machine_generation,
+                started_at: run.started_at,
+            });
+            Step::to(
+                NodeState::Resetting {
+                    node: node.clone(),
+                    run: run.cloned(),
+                    cause,
+                    phase: ResetPhase::Wiping,
+                    deadline: now.plus_secs(policy.reset_secs),
+                },
+                progress.into_iter().chain(wipe()).collect(),
+            )
+        }
         (ResetPhase::Wiping, Some(run)) => {
             let result = op_result(run, ResultReason::Succeeded, MSG_RESET_DONE);
             Step::to(
