@@ -25,7 +25,9 @@ async fn recover(state: &Path, message: &str) -> Result<(), Failure> {
     }
     let (config, client) = wiring::installed_config(Path::new(CONFIG_PATH)).await?;
     let fx = wiring::host_effects(&config).await?;
-    let mut runner = wiring::agent_command_runner(state, &config.node_name, client, fx).await?;
+    let mut runner =
+        wiring::agent_command_runner(state, &config.node_name, client, fx, wiring::Resume::First)
+            .await?;
     let message: String = message
         .lines()
         .next()

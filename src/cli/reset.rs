@@ -6,6 +6,7 @@
 //! deleted) and the same things are removed without it: the operator's way out of a store the
 //! agent refuses to guess at.
 
+use super::wiring::Resume;
 use super::{EXIT_USAGE, Failure, wiring};
 use crate::config::CONFIG_PATH;
 use crate::effects::{AGENT_UNIT, Systemd};
@@ -62,7 +63,9 @@ async fn reset(state: &Path) -> Result<(), Failure> {
             );
         }
         // A new, empty store: the re-join's.
-        let mut runner = wiring::agent_command_runner(state, &config.node_name, client, fx).await?;
+        let mut runner =
+            wiring::agent_command_runner(state, &config.node_name, client, fx, Resume::First)
+                .await?;
         runner
             .reset_without_state()
             .await
@@ -74,7 +77,10 @@ async fn reset(state: &Path) -> Result<(), Failure> {
         );
         return Ok(());
     }
-    let mut runner = wiring::agent_command_runner(state, &config.node_name, client, fx).await?;
+    // A drain the agent was running is superseded, not waited for.
+    let mut runner =
+        wiring::agent_command_runner(state, &config.node_name, client, fx, Resume::ByFirstInput)
+            .await?;
     let started = Instant::now();
     let mut input = Input::ResetRequested;
     loop {

@@ -218,12 +218,13 @@ fn newest_entry(store: &Store) -> Result<Option<Timestamp>, StoreError> {
 pub type CommandRunner = Runner<DbusSystemd, LazyContainerd, FsHost, KubePublisher, SteadyClock>;
 
 /// The executor for a command acting for the agent (join, reset, recovery) on `store`: it is
-/// not the daemon, and it first finishes whatever a crash interrupted.
+/// not the daemon, and with `resume` it first finishes whatever a crash interrupted.
 async fn command_runner(
     store: Store,
     node_name: &str,
     client: kube::Client,
     fx: HostEffects,
+    resume: Resume,
 ) -> anyhow::Result<CommandRunner> {
     let settings = fx.settings;
     let clock = SteadyClock::system(newest_entry(&store)?);
@@ -239,7 +240,9 @@ async fn command_runner(
     );
     runner.set_daemon(false);
     settings.apply(&mut runner);
-    runner.resume().await?;
+    if resume == Resume::First {
+        runner.resume().await?;
+    }
     // A result the store keeps (an earlier process could not publish it) is published by
     // whichever process holds the store next: a command may be the last one (a reset).
     runner.flush_outbox().await?;
@@ -261,7 +264,16 @@ pub async fn join_runner(
         )),
         e => store_failure(e, state),
     })?;
-    Ok(command_runner(store, node_name, client, fx).await?)
+    Ok(command_runner(store, node_name, client, fx, Resume::First).await?)
+}
+
+/// Whether a command's executor finishes an interrupted step before its own first input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resume {
+    First,
+    /// The command's first input decides: a reset supersedes what the core lets it (a drain,
+    /// a reboot's restart: src/lifecycle/step/mod.rs, `preempts`) and finishes the rest first.
+    ByFirstInput,
 }
 
 /// Reset's and recovery's executor: waits while the stopping agent still holds the store.
@@ -270,9 +282,10 @@ pub async fn agent_command_runner(
     node_name: &str,
     client: kube::Client,
     fx: HostEffects,
+    resume: Resume,
 ) -> anyhow::Result<CommandRunner> {
     let store = Store::open_waiting(state, COMMAND_STORE_PATIENCE).await?;
-    command_runner(store, node_name, client, fx).await
+    command_runner(store, node_name, client, fx, resume).await
 }
 
 /// Waits, with reset's and recovery's patience, until no process holds the store (the agent

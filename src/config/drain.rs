@@ -2,7 +2,7 @@
 //! override it in its parameters (`src/lifecycle/drain.rs`).
 
 use super::{ConfigError, bad};
-use crate::lifecycle::drain::{DrainPolicy, OnTimeout, parse_duration_secs};
+use crate::lifecycle::drain::{DrainPolicy, OnTimeout, parse_timeout};
 use serde::{Deserialize, Serialize};
 
 /// The configuration's `drain` as written; every key optional (the defaults a cautious
@@ -30,20 +30,17 @@ impl DrainFile {
         let base = DrainPolicy::default();
         let timeout_secs = match self.timeout.as_deref() {
             None => base.timeout_secs,
-            Some(text) => parse_duration_secs(text.trim())
-                .filter(|s| (1..=24 * 3600).contains(s))
-                .ok_or_else(|| {
-                    bad(
-                        "drain.timeout",
-                        "must be a duration such as 90s, 10m or 1h30m, at most 24h",
-                    )
-                })?,
+            Some(text) => parse_timeout(text).ok_or_else(|| {
+                bad(
+                    "drain.timeout",
+                    "must be a duration such as 90s, 10m or 1h30m, at most 24h",
+                )
+            })?,
         };
         let on_timeout = match self.on_timeout.as_deref() {
             None => base.on_timeout,
-            Some("Fail") => OnTimeout::Fail,
-            Some("Proceed") => OnTimeout::Proceed,
-            Some(_) => return Err(bad("drain.onTimeout", "must be \"Fail\" or \"Proceed\"")),
+            Some(text) => OnTimeout::parse(text)
+                .ok_or_else(|| bad("drain.onTimeout", "must be \"Fail\" or \"Proceed\""))?,
         };
         Ok(DrainPolicy {
             enabled: self.enabled.unwrap_or(base.enabled),

@@ -652,3 +652,49 @@ fn a_bootstrap_token_join_names_the_api_server_its_ca_and_the_token() {
     assert_eq!(e.setting, "kubeconfig");
     assert!(e.message.contains("apiServer"), "{e}");
 }
+
+/// `drain`: the defaults a cautious operator would choose, each key overridable, a value it
+/// cannot read refused by name; the installed configuration keeps what differs.
+#[test]
+fn drain_settings() {
+    use crate::lifecycle::drain::{DrainPolicy, OnTimeout};
+    let dir = tempfile::tempdir().expect("tmp");
+    let kc = kubeconfig(dir.path(), 0o600);
+    let base = format!(
+        "kubeconfig: {}\nkubernetesVersion: v1.34.12\n",
+        kc.display()
+    );
+    let c = Config::parse(&base, "x").expect("valid");
+    assert_eq!(c.drain, DrainPolicy::default());
+    assert_eq!(c.rendered().drain, None);
+    let set = format!(
+        "{base}drain: {{enabled: true, timeout: 1h30m, onTimeout: Proceed, deleteEmptyDirData: true}}\n"
+    );
+    let c = Config::parse(&set, "x").expect("valid");
+    assert_eq!(
+        (
+            c.drain.timeout_secs,
+            c.drain.on_timeout,
+            c.drain.delete_emptydir_data
+        ),
+        (5400, OnTimeout::Proceed, true)
+    );
+    let again = serde_saphyr::to_string(&c.rendered()).expect("yaml");
+    assert!(again.contains("onTimeout: Proceed"), "{again}");
+    let back = Config::parse(
+        &again.replace(KUBECONFIG_PATH, &kc.display().to_string()),
+        "x",
+    )
+    .expect("the installed configuration reads back");
+    assert_eq!(back.drain, c.drain);
+    assert_eq!(
+        setting(&format!("{base}drain: {{timeout: soon}}\n")),
+        "drain.timeout"
+    );
+    assert_eq!(
+        setting(&format!("{base}drain: {{onTimeout: fail}}\n")),
+        "drain.onTimeout"
+    );
+    let unknown = Config::parse(&format!("{base}drain: {{evict: all}}\n"), "x");
+    assert!(unknown.is_err(), "an unknown drain key is refused");
+}

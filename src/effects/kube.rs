@@ -7,7 +7,7 @@
 
 use crate::api::machine::{Machine, MachinePhase as ApiMachinePhase};
 use crate::api::machine_operation::{MachineOperation, MachineOperationStatus, OperationPhase};
-use crate::effects::{CordonSeen, EffectError, EffectResult, Eviction, NodeSeen, Publisher};
+use crate::effects::{EffectError, EffectResult, Eviction, NodeSeen, Publisher};
 use crate::lifecycle::Timestamp;
 use crate::lifecycle::drain::PodFacts;
 use crate::lifecycle::fault::{FAULT_CLEARED, Fault, FaultKind};
@@ -480,10 +480,6 @@ impl Publisher for KubePublisher {
         })
         .await
         .map(|_| ())
-    }
-
-    async fn cordon_seen(&self) -> EffectResult<Option<CordonSeen>> {
-        Ok(self.read_cordon().await?.map(|(seen, _)| seen))
     }
 
     async fn cordon(&self, holder: &str) -> EffectResult<bool> {

@@ -305,14 +305,6 @@ pub trait Host: Send + Sync {
     fn wipe_runtime(&self) -> impl Future<Output = EffectResult> + Send;
 }
 
-/// The Node's cordon as the API server has it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CordonSeen {
-    pub unschedulable: bool,
-    /// The holder named by the agent's mark (`flexnode.io/cordoned-by`), if the Node has one.
-    pub holder: Option<String>,
-}
-
 /// What became of an eviction.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Eviction {
@@ -350,14 +342,13 @@ pub trait Publisher: Send + Sync {
         message: &str,
         observed_generation: Option<i64>,
     ) -> impl Future<Output = EffectResult> + Send;
-    /// The node's cordon; `None` when there is no Node.
-    fn cordon_seen(&self) -> impl Future<Output = EffectResult<Option<CordonSeen>>> + Send;
-    /// Cordons the Node with `holder`'s mark (checked and written as one, by resourceVersion),
-    /// taking over a cordon an earlier drain marked; whether the Node carries `holder`'s mark
-    /// now (not when someone else cordoned it without a mark).
+    /// Cordons the Node with `holder`'s mark (`flexnode.io/cordoned-by`; checked and written as
+    /// one, by resourceVersion), taking over a cordon an earlier drain marked; whether the
+    /// Node carries `holder`'s mark now: not without a Node, nor when someone else cordoned it
+    /// (no mark), whose cordon stays theirs.
     fn cordon(&self, holder: &str) -> impl Future<Output = EffectResult<bool>> + Send;
-    /// Lifts the cordon if the Node carries `holder`'s mark (and removes the mark); whether it
-    /// did. Any other cordon stays.
+    /// Lifts the cordon if the Node carries the agent's mark (and removes the mark); whether
+    /// it did. A cordon without the mark stays.
     fn uncordon(&self, holder: &str) -> impl Future<Output = EffectResult<bool>> + Send;
     /// The pods bound to this node.
     fn pods_on_node(&self) -> impl Future<Output = EffectResult<Vec<PodFacts>>> + Send;

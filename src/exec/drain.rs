@@ -11,6 +11,8 @@ use std::time::Duration;
 
 /// How many pods a progress line names.
 const NAMED: usize = 3;
+/// How long an emptied node waits for the evicted pods' budgets to be whole again.
+const RECOVERY_GRACE_MS: i64 = 60_000;
 
 /// One look at the node's pods.
 #[derive(Default)]
@@ -62,10 +64,9 @@ impl Pass {
         text
     }
 
-    fn done(&self, policy: &DrainPolicy) -> bool {
-        self.left.is_empty()
-            && self.recovering.is_empty()
-            && (self.refused.is_empty() || policy.on_timeout == OnTimeout::Proceed)
+    /// No pod left to wait for (those the policy keeps stay where `Proceed` says so).
+    fn emptied(&self, policy: &DrainPolicy) -> bool {
+        self.left.is_empty() && (self.refused.is_empty() || policy.on_timeout == OnTimeout::Proceed)
     }
 }
 
@@ -98,6 +99,7 @@ where
         );
         let mut cordoned = false;
         let mut evicted = Vec::new();
+        let mut emptied = None;
         let mut told = String::new();
         loop {
             // A request lost on its way is sent again by the publisher, a 503 by kube's
@@ -113,11 +115,25 @@ where
                     crashed @ EffectError::Crashed => crashed,
                 })?;
             let summary = pass.summary();
-            if pass.done(policy) {
-                let secs = (self.clock.now().millis() - began.millis()) / 1000;
-                let line = format!("drained in {secs}s ({summary})");
-                self.tell(run, holder, &line).await;
-                return Ok(());
+            let now = self.clock.now();
+            if pass.emptied(policy) {
+                // The node holds none of the evicted pods any more: their budgets are waited
+                // for a while (their replacements Ready elsewhere before the disruption), not
+                // for the drain's whole time (a replica Pending for want of room, or one
+                // crash-looping elsewhere, would hold the operation up for nothing).
+                let since = *emptied.get_or_insert(now);
+                let waited = now.millis() - since.millis();
+                if pass.recovering.is_empty() || waited >= RECOVERY_GRACE_MS || now >= until {
+                    let secs = (now.millis() - began.millis()) / 1000;
+                    let going_on = if pass.recovering.is_empty() {
+                        ""
+                    } else {
+                        "; going on: the node holds none of their pods"
+                    };
+                    let line = format!("drained in {secs}s ({summary}{going_on})");
+                    self.tell(run, holder, &line).await;
+                    return Ok(());
+                }
             }
             if !pass.refused.is_empty() && policy.on_timeout == OnTimeout::Fail {
                 return Err(EffectError::Failed(format!(
@@ -130,7 +146,7 @@ where
                     .await;
                 told = summary.clone();
             }
-            if self.clock.now() >= until {
+            if now >= until {
                 let after = humantime(policy.timeout_secs);
                 match policy.on_timeout {
                     OnTimeout::Fail => {
@@ -147,7 +163,11 @@ where
                 }
             }
             self.alive();
-            tokio::time::sleep(delays.next().unwrap_or(Duration::from_secs(10))).await;
+            // Never past the drain's time.
+            let left =
+                Duration::from_millis(u64::try_from(until.millis() - now.millis()).unwrap_or(0));
+            let pause = delays.next().unwrap_or(Duration::from_secs(10)).min(left);
+            tokio::time::sleep(pause).await;
         }
     }
 
@@ -162,40 +182,38 @@ where
     ) -> EffectResult<Pass> {
         let fx = &self.effects;
         if !*cordoned {
-            let ours = match fx.publisher.cordon_seen().await? {
-                // No Node (a repave after its deletion): nothing can be scheduled here.
-                None => false,
-                Some(seen) if seen.holder.as_deref() == Some(holder) => true,
-                Some(seen) if seen.unschedulable && seen.holder.is_none() => {
-                    tracing::info!("the Node is cordoned by someone else; that cordon stays");
-                    false
-                }
-                // Schedulable, or cordoned by an earlier drain of this agent whose cordon was
-                // not lifted yet (its mark): the cordon is this drain's now.
-                Some(_) => fx.publisher.cordon(holder).await?,
-            };
-            if ours {
+            if fx.publisher.cordon(holder).await? {
                 self.store.mark_cordoned(holder).map_err(store_failed)?;
                 tracing::info!(%holder, "the Node is cordoned for the drain");
             }
             *cordoned = true;
         }
         let mut pass = Pass::default();
+        let mut to_evict = Vec::new();
         for pod in fx.publisher.pods_on_node().await? {
             match plan(&pod, policy) {
                 PodPlan::Keep => {}
                 PodPlan::Wait => pass.left.push((pod.name, Vec::new())),
                 PodPlan::Refuse(why) => pass.refused.push(format!("{}: {why}", pod.name)),
-                PodPlan::Evict => match fx.publisher.evict(&pod).await? {
-                    Eviction::Gone => {}
-                    Eviction::Evicted => {
-                        tracing::info!(pod = %pod.name, "evicted");
-                        pass.left.push((pod.name.clone(), Vec::new()));
-                        evicted.push(pod);
-                    }
-                    Eviction::Blocked { budgets } => pass.left.push((pod.name, budgets)),
-                },
+                PodPlan::Evict => to_evict.push(pod),
             }
+        }
+        // A pod the policy keeps fails the drain before anything is evicted.
+        if !pass.refused.is_empty() && policy.on_timeout == OnTimeout::Fail {
+            return Ok(pass);
+        }
+        for pod in to_evict {
+            match fx.publisher.evict(&pod).await? {
+                Eviction::Gone => {}
+                Eviction::Evicted => {
+                    tracing::info!(pod = %pod.name, "evicted");
+                    pass.left.push((pod.name.clone(), Vec::new()));
+                    evicted.push(pod);
+                }
+                Eviction::Blocked { budgets } => pass.left.push((pod.name, budgets)),
+            }
+            // An eviction a budget holds can take its whole wait (src/effects/kube/drain.rs).
+            self.alive();
         }
         if pass.left.is_empty() && !evicted.is_empty() {
             pass.recovering = fx.publisher.budgets_recovering(evicted).await?;

@@ -24,6 +24,15 @@ pub enum OnTimeout {
 }
 
 impl OnTimeout {
+    /// `Fail` or `Proceed`, as the configuration and the parameters spell them.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text.trim() {
+            "Fail" => Some(Self::Fail),
+            "Proceed" => Some(Self::Proceed),
+            _ => None,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Fail => "Fail",
@@ -98,19 +107,20 @@ impl DrainPolicy {
             policy.delete_emptydir_data = delete;
         }
         if let Some(raw) = params.get(PARAM_TIMEOUT) {
-            policy.timeout_secs = parse_duration_secs(raw.trim())
-                .filter(|s| (1..=MAX_TIMEOUT_SECS).contains(s))
-                .ok_or(InvalidParameter::DrainTimeoutInvalid)?;
+            policy.timeout_secs =
+                parse_timeout(raw).ok_or(InvalidParameter::DrainTimeoutInvalid)?;
         }
         if let Some(raw) = params.get(PARAM_ON_TIMEOUT) {
-            policy.on_timeout = match raw.trim() {
-                "Fail" => OnTimeout::Fail,
-                "Proceed" => OnTimeout::Proceed,
-                _ => return Err(InvalidParameter::DrainOnTimeoutInvalid),
-            };
+            policy.on_timeout =
+                OnTimeout::parse(raw).ok_or(InvalidParameter::DrainOnTimeoutInvalid)?;
         }
         Ok(policy)
     }
+}
+
+/// A drain's timeout: a duration of at least a second and at most a day.
+pub fn parse_timeout(text: &str) -> Option<i64> {
+    parse_duration_secs(text.trim()).filter(|s| (1..=MAX_TIMEOUT_SECS).contains(s))
 }
 
 /// A Go-style duration of whole hours, minutes and seconds (`90s`, `10m`, `1h30m`).

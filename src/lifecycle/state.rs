@@ -355,13 +355,7 @@ impl NodeState {
     /// The operation this state runs and its kind, as [`ClaimKind::name`] spells it.
     pub fn operation(&self) -> Option<(&OpRef, &'static str)> {
         match self {
-            Self::Rebooting { run, .. } => Some((
-                &run.op,
-                ClaimKind::NodeReboot {
-                    parameters: Default::default(),
-                }
-                .name(),
-            )),
+            Self::Rebooting { run, .. } => Some((&run.op, ClaimKind::node_reboot().name())),
             Self::Upgrading { run, .. } => Some((
                 &run.op,
                 ClaimKind::AgentUpgrade {
@@ -369,13 +363,9 @@ impl NodeState {
                 }
                 .name(),
             )),
-            Self::Resetting { run: Some(run), .. } => Some((
-                &run.op,
-                ClaimKind::AgentReset {
-                    parameters: Default::default(),
-                }
-                .name(),
-            )),
+            Self::Resetting { run: Some(run), .. } => {
+                Some((&run.op, ClaimKind::agent_reset().name()))
+            }
             Self::Unjoined { .. }
             | Self::Joining { .. }
             | Self::Ready { .. }

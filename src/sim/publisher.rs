@@ -3,7 +3,7 @@
 
 use super::host::SimHost;
 use super::world::*;
-use crate::effects::{CordonSeen, EffectResult, Eviction, NodeSeen, Publisher};
+use crate::effects::{EffectResult, Eviction, NodeSeen, Publisher};
 use crate::lifecycle::Timestamp;
 use crate::lifecycle::drain::{PodFacts, PodOwner};
 use crate::lifecycle::result::{MachinePhase, OpResult};
@@ -83,16 +83,6 @@ impl Publisher for SimHost {
         })
     }
 
-    async fn cordon_seen(&self) -> EffectResult<Option<CordonSeen>> {
-        self.read("cordon_seen", "")?;
-        let w = self.world();
-        w.api()?;
-        Ok(Some(CordonSeen {
-            unschedulable: w.cordon.is_some(),
-            holder: w.cordon.clone().filter(|h| !h.is_empty()),
-        }))
-    }
-
     async fn cordon(&self, holder: &str) -> EffectResult<bool> {
         self.run("cordon", holder, |w| {
             w.api()?;
@@ -109,7 +99,8 @@ impl Publisher for SimHost {
     async fn uncordon(&self, holder: &str) -> EffectResult<bool> {
         self.run("uncordon", holder, |w| {
             w.api()?;
-            if w.cordon.as_deref() != Some(holder) {
+            // Any mark is the agent's; an unmarked cordon (`""`) is someone else's.
+            if w.cordon.as_deref().is_none_or(str::is_empty) {
                 return Ok(false);
             }
             w.cordon = None;

@@ -4,7 +4,7 @@
 
 use super::{KubePublisher, api_error, resend};
 use crate::api::selector_matches;
-use crate::effects::{CordonSeen, EffectResult, Eviction};
+use crate::effects::{EffectResult, Eviction};
 use crate::lifecycle::drain::{PodFacts, PodOwner};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -26,45 +26,52 @@ impl KubePublisher {
         Api::all(self.client.clone())
     }
 
-    pub(super) async fn read_cordon(&self) -> EffectResult<Option<(CordonSeen, String)>> {
+    /// The Node's `(unschedulable, the drain's mark, resourceVersion)`; `None` without a Node.
+    async fn read_cordon(&self) -> EffectResult<Option<(bool, Option<String>, String)>> {
         let nodes = self.nodes();
         let node = resend(|| nodes.get_opt(&self.node))
             .await
             .map_err(api_error)?;
         Ok(node.map(|n| {
-            let seen = CordonSeen {
-                unschedulable: n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true),
-                holder: n
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(CORDON_MARK).cloned()),
-            };
-            (seen, n.metadata.resource_version.unwrap_or_default())
+            let unschedulable = n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+            let mark = n
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(CORDON_MARK).cloned());
+            (
+                unschedulable,
+                mark,
+                n.metadata.resource_version.unwrap_or_default(),
+            )
         }))
     }
 
     /// One merge patch of the cordon and the mark, on the resourceVersion just read: an
-    /// operator's cordon between the read and the write is a conflict, read again.
+    /// operator's cordon between the read and the write is a conflict, read again. Any mark
+    /// on this node's Node is this agent's (an earlier drain's whose lift met the API server
+    /// away): a new drain takes it over, an uncordon lifts it.
     async fn set_cordon(&self, holder: &str, cordon: bool) -> EffectResult<bool> {
         for _ in 0..CONFLICT_RETRIES {
-            let Some((seen, version)) = self.read_cordon().await? else {
+            let Some((unschedulable, mark, version)) = self.read_cordon().await? else {
                 return Ok(false);
             };
-            let ours = seen.holder.as_deref() == Some(holder);
-            let patch = match (cordon, seen.unschedulable, ours) {
-                (true, true, true) => return Ok(true),
-                // An earlier drain's cordon (its mark) is taken over; anyone else's is theirs.
-                (true, true, false) if seen.holder.is_some() => json!({
+            let patch = match (cordon, unschedulable, mark) {
+                (true, true, Some(m)) if m == holder => return Ok(true),
+                (true, true, Some(_)) => json!({
                     "metadata": {"resourceVersion": version, "annotations": {CORDON_MARK: holder}},
                 }),
-                (true, true, false) => return Ok(false),
+                // Someone else's cordon (no mark): theirs to lift.
+                (true, true, None) => {
+                    tracing::info!("the Node is cordoned by someone else; that cordon stays");
+                    return Ok(false);
+                }
                 (true, false, _) => json!({
                     "metadata": {"resourceVersion": version, "annotations": {CORDON_MARK: holder}},
                     "spec": {"unschedulable": true},
                 }),
-                (false, _, false) => return Ok(false),
-                (false, _, true) => json!({
+                (false, _, None) => return Ok(false),
+                (false, _, Some(_)) => json!({
                     "metadata": {"resourceVersion": version, "annotations": {CORDON_MARK: null}},
                     "spec": {"unschedulable": null},
                 }),

@@ -110,13 +110,17 @@ pub(super) fn effects_done(
                 machine_generation: run.machine_generation,
                 started_at: run.started_at,
             });
+            let deadline = now.plus_secs(policy.reset_secs);
             Step::to(
                 NodeState::Resetting {
                     node: node.clone(),
-                    run: run.cloned(),
+                    run: run.map(|r| OpRun {
+                        deadline,
+                        ..r.clone()
+                    }),
                     cause,
                     phase: ResetPhase::Wiping,
-                    deadline: now.plus_secs(policy.reset_secs),
+                    deadline,
                 },
                 progress.into_iter().chain(wipe()).collect(),
             )
