@@ -485,11 +485,11 @@ fn reboot_rows() -> Vec<Row> {
                     Input::EffectsDone,
                     Then {
                         state: Some("Rebooting/Restarting"),
-                        effects: Some(&["ReportProgress", "RestartMachine", "AwaitNode"]),
+                        effects: Some(&["RestartMachine", "AwaitNode"]),
                         // Restarted once the drain is over, not before.
                         check: Some(|_, e| {
                             assert_eq!(
-                                e[1],
+                                e[0],
                                 Effect::RestartMachine {
                                     side: Side::Kube1,
                                     not_before: T0.plus_secs(30)
@@ -957,7 +957,7 @@ fn reset_rows() -> Vec<Row> {
             ),
             done(Then {
                 state: Some("Resetting/Wiping"),
-                effects: Some(&["ReportProgress", "WipeNode", "Uncordon"]),
+                effects: Some(&["WipeNode", "Uncordon"]),
                 ..any()
             }),
             done(Then {

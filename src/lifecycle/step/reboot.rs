@@ -23,8 +23,14 @@ pub(super) fn start(node: &NodeInfo, run: OpRun, drain: DrainPolicy, now: Timest
         Some(node.applied.generation),
     );
     if !drain.enabled {
-        let mut effects = restart(node, &run, now);
-        effects.insert(1, announce);
+        let mut effects = vec![
+            progress(
+                &run,
+                &format!("restarting active nspawn machine {}", node.active.name()),
+            ),
+            announce,
+        ];
+        effects.extend(restart(node, now));
         return Step::to(rebooting(run, RebootPhase::Restarting), effects);
     }
     let run = OpRun {
@@ -59,12 +65,10 @@ fn progress(run: &OpRun, message: &str) -> Effect {
     }
 }
 
-fn restart(node: &NodeInfo, run: &OpRun, now: Timestamp) -> Vec<Effect> {
-    vec![
-        progress(
-            run,
-            &format!("restarting active nspawn machine {}", node.active.name()),
-        ),
+/// The restart itself. After a drain no progress report comes first: an API server away
+/// then would fail the step, and the drain's last report said it was done.
+fn restart(node: &NodeInfo, now: Timestamp) -> [Effect; 2] {
+    [
         Effect::RestartMachine {
             side: node.active,
             not_before: now,
@@ -90,7 +94,7 @@ pub(super) fn rebooting(
                     run: run.clone(),
                     phase: RebootPhase::Restarting,
                 },
-                restart(node, run, at.now),
+                restart(node, at.now).to_vec(),
             ),
             RebootPhase::Restarting => finish_reboot(node, run, R::Succeeded, MSG_REBOOT_DONE),
         }),

@@ -103,13 +103,8 @@ pub(super) fn effects_done(
     now: Timestamp,
 ) -> Step {
     match (phase, run) {
+        // No progress report first: an API server away would fail the wipe's step.
         (ResetPhase::Draining, _) => {
-            let progress = run.map(|run| Effect::ReportProgress {
-                op: run.op.clone(),
-                message: "resetting local nspawn node runtime".into(),
-                machine_generation: run.machine_generation,
-                started_at: run.started_at,
-            });
             let deadline = now.plus_secs(policy.reset_secs);
             Step::to(
                 NodeState::Resetting {
@@ -122,7 +117,7 @@ pub(super) fn effects_done(
                     phase: ResetPhase::Wiping,
                     deadline,
                 },
-                progress.into_iter().chain(wipe()).collect(),
+                wipe().to_vec(),
             )
         }
         (ResetPhase::Wiping, Some(run)) => {
