@@ -139,7 +139,8 @@ fn reason(op: &MachineOperation) -> String {
         .unwrap_or_default()
 }
 
-fn machine_restarts(host: &SimHost) -> usize {
+/// How often the simulated host's machines were restarted.
+pub(crate) fn machine_restarts(host: &SimHost) -> usize {
     host.world()
         .calls
         .iter()

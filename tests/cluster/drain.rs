@@ -5,13 +5,13 @@
 //! deletion of an evicted pod, as a kubelet would (the native lab's suite has real ones,
 //! `e2e/native/suite.py`).
 
+use crate::daemon::machine_restarts;
 use crate::support;
 
 use flexnode::api::MachineOperation;
 use flexnode::api::machine_operation::{MachineOperationSpec, OperationKind, OperationPhase};
 use flexnode::effects::kube::CORDON_MARK;
 use flexnode::lifecycle::agent::InstallMode;
-use flexnode::sim::SimHost;
 use flexnode_test_tier::tier;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -177,14 +177,6 @@ async fn cordon(client: &Client) -> (bool, Option<String>) {
             .annotations
             .and_then(|a| a.get(CORDON_MARK).cloned()),
     )
-}
-
-fn machine_restarts(host: &SimHost) -> usize {
-    host.world()
-        .calls
-        .iter()
-        .filter(|c| c.starts_with("restart(systemd-nspawn"))
-        .count()
 }
 
 /// The web pods and where each runs.

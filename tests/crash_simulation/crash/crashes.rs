@@ -141,9 +141,7 @@ pub async fn clean(snapshot: &Snapshot, scenario: &Scenario) -> Clean {
             (e, under_way)
         })
         .collect();
-    quiesce(&mut node)
-        .await
-        .unwrap_or_else(|e| panic!("quiescing {}: {e}", describe(snapshot, scenario)));
+    quiesced(&mut node, snapshot, scenario).await;
     let outcome = Outcome::of(&node, calls);
     let mut restarted = None;
     if applies(&node, &stored_state(&node), Action::RestartDaemon) {
@@ -155,9 +153,7 @@ pub async fn clean(snapshot: &Snapshot, scenario: &Scenario) -> Clean {
         )
         .await
         .unwrap_or_else(|e| panic!("restarting after {}: {e}", describe(snapshot, scenario)));
-        quiesce(&mut node)
-            .await
-            .unwrap_or_else(|e| panic!("quiescing {}: {e}", describe(snapshot, scenario)));
+        quiesced(&mut node, snapshot, scenario).await;
         restarted = Some(Outcome::of(&node, calls));
     }
     let redelivered = if matches!(scenario.action, Action::Observe(_)) {
@@ -171,6 +167,14 @@ pub async fn clean(snapshot: &Snapshot, scenario: &Scenario) -> Clean {
         redelivered,
         events,
     }
+}
+
+/// After the action: the node quiesced (tests/crash_simulation/crash/action.rs, `quiesce`),
+/// or the run names itself.
+async fn quiesced(node: &mut SimNode, snapshot: &Snapshot, scenario: &Scenario) {
+    quiesce(node)
+        .await
+        .unwrap_or_else(|e| panic!("quiescing {}: {e}", describe(snapshot, scenario)));
 }
 
 async fn redelivered(snapshot: &Snapshot, scenario: &Scenario) -> Outcome {
@@ -187,9 +191,7 @@ async fn redelivered(snapshot: &Snapshot, scenario: &Scenario) -> Outcome {
         .await
         .unwrap_or_else(|e| panic!("redelivery of {}: {e}", describe(snapshot, scenario)));
     }
-    quiesce(&mut node)
-        .await
-        .unwrap_or_else(|e| panic!("quiescing {}: {e}", describe(snapshot, scenario)));
+    quiesced(&mut node, snapshot, scenario).await;
     Outcome::of(&node, calls)
 }
 
